@@ -1,0 +1,231 @@
+"""The local cache directory: staging files of written data and the read cache of chunks.
+
+Layout (docs/ARCHITECTURE.md):
+
+    <cache>/journal.sqlite     what is not yet in the store (journal.py)
+    <cache>/staging/<id>       bytes written on this node, one sparse file per file version
+    <cache>/chunks/<h:2>/<h>   raw (decoded, verified) chunks fetched from the store
+
+Every chunk this node can read without the network is in `locate()`'s index: either a
+region of a staging file or a read-cache file. Clean data (uploaded staging files, fetched
+chunks) is evicted least-recently-used first when the cache is over its size limit; dirty
+data is never evicted (writers wait instead, see filesystem.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class StagingFile:
+    """One version of one file written on this node: a sparse file in <cache>/staging."""
+
+    id: int
+    path: str
+    fd: int
+    sealed: bool = False  # published: its bytes never change again
+    extent: int = 0  # highest byte written + 1 (cache accounting)
+    dirty: dict[int, int] = field(default_factory=dict)  # chunk offset -> bytes not in store
+    pending: int = 0  # sealed chunks still to upload
+    writers: int = 0  # open write buffers using this file
+
+
+class LocalCache:
+    """Owns the files under the cache directory and the index of locally readable chunks."""
+
+    def __init__(self, root: str, limit_bytes: int) -> None:
+        self.root = root
+        self.limit_bytes = limit_bytes
+        self.staging_dir = os.path.join(root, "staging")
+        self.chunks_dir = os.path.join(root, "chunks")
+        for d in (self.staging_dir, self.chunks_dir):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        self._lock = threading.Lock()  # guards the read-cache index (fetch threads add)
+        self.staging: dict[int, StagingFile] = {}
+        self._next_staging_id = 1
+        # hash -> (staging file, offset, length) for chunks held in staging files
+        self._in_staging: dict[str, tuple[StagingFile, int, int]] = {}
+        # hash -> size of read-cache files, in LRU order (oldest first)
+        self._cached: OrderedDict[str, int] = OrderedDict()
+        self._clean_staging: OrderedDict[int, None] = OrderedDict()  # LRU of evictable ones
+        self._fds: OrderedDict[str, int] = OrderedDict()  # open read-cache files
+        self.dirty_bytes = 0  # bytes written here and not yet in the store
+        self.hits = 0
+        self.misses = 0
+        self.evicted_bytes = 0
+
+    # -- startup -------------------------------------------------------------------
+    def scan(self, keep_staging: set[int]) -> None:
+        """Index the read cache; delete staging files the journal no longer needs."""
+        for name in os.listdir(self.staging_dir):
+            sid = int(name) if name.isdigit() else -1
+            self._next_staging_id = max(self._next_staging_id, sid + 1)
+            if sid not in keep_staging:
+                os.unlink(os.path.join(self.staging_dir, name))
+        for sid in keep_staging:
+            path = os.path.join(self.staging_dir, str(sid))
+            if os.path.exists(path):
+                fd = os.open(path, os.O_RDWR)
+                st = StagingFile(sid, path, fd, sealed=True, extent=os.fstat(fd).st_size)
+                self.staging[sid] = st
+        entries = []
+        for sub in os.listdir(self.chunks_dir):
+            subdir = os.path.join(self.chunks_dir, sub)
+            for name in os.listdir(subdir):
+                p = os.path.join(subdir, name)
+                if ".tmp" in name:
+                    os.unlink(p)
+                    continue
+                st_ = os.stat(p)
+                entries.append((st_.st_atime_ns, name, st_.st_size))
+        for _, name, size in sorted(entries):
+            self._cached[name] = size
+
+    # -- staging files ---------------------------------------------------------------
+    def new_staging(self) -> StagingFile:
+        sid = self._next_staging_id
+        self._next_staging_id += 1
+        path = os.path.join(self.staging_dir, str(sid))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        st = StagingFile(sid, path, fd)
+        self.staging[sid] = st
+        return st
+
+    def set_dirty(self, st: StagingFile, chunk_offset: int, nbytes: int) -> None:
+        """The chunk at `chunk_offset` of `st` holds `nbytes` bytes not in the store."""
+        self.dirty_bytes += nbytes - st.dirty.get(chunk_offset, 0)
+        st.dirty[chunk_offset] = nbytes
+
+    def clear_dirty(self, st: StagingFile, chunk_offset: int) -> None:
+        """The chunk at `chunk_offset` of `st` is in the store (or no longer needed)."""
+        self.dirty_bytes -= st.dirty.pop(chunk_offset, 0)
+
+    def add_staged_chunk(self, chunk_hash: str, st: StagingFile, offset: int, length: int) -> None:
+        """Make a chunk held in a staging file readable by hash."""
+        if chunk_hash not in self._in_staging:
+            self._in_staging[chunk_hash] = (st, offset, length)
+
+    def release_staging(self, st: StagingFile) -> None:
+        """Called when a staging file may have become clean: make it evictable, or drop it."""
+        if st.writers or st.pending or st.id not in self.staging:
+            return
+        if not st.sealed:  # never published (file deleted while open): nothing refers to it
+            self.drop_staging(st)
+        else:
+            self._clean_staging[st.id] = None
+
+    def drop_staging(self, st: StagingFile) -> None:
+        for offset in list(st.dirty):
+            self.clear_dirty(st, offset)
+        self.staging.pop(st.id, None)
+        self._clean_staging.pop(st.id, None)
+        for h in [h for h, (s, _, _) in self._in_staging.items() if s is st]:
+            del self._in_staging[h]
+        try:
+            os.close(st.fd)
+            st.fd = -1
+            os.unlink(st.path)
+        except OSError as e:
+            log.warning("could not remove staging file %s: %s", st.path, e)
+
+    # -- lookups -----------------------------------------------------------------------
+    def locate(self, chunk_hash: str) -> tuple[int, int] | None:
+        """(fd, offset) where the raw bytes of the chunk can be read, or None."""
+        hit = self._in_staging.get(chunk_hash)
+        if hit is not None:
+            st, offset, _ = hit
+            if st.id in self._clean_staging:
+                self._clean_staging.move_to_end(st.id)
+            self.hits += 1
+            return st.fd, offset
+        with self._lock:
+            if chunk_hash not in self._cached:
+                self.misses += 1
+                return None
+            self._cached.move_to_end(chunk_hash)
+            fd = self._fds.get(chunk_hash)
+            if fd is None:
+                fd = os.open(self._chunk_path(chunk_hash), os.O_RDONLY)
+                self._fds[chunk_hash] = fd
+                while len(self._fds) > 64:
+                    os.close(self._fds.popitem(last=False)[1])
+            else:
+                self._fds.move_to_end(chunk_hash)
+            self.hits += 1
+            return fd, 0
+
+    def has(self, chunk_hash: str) -> bool:
+        return chunk_hash in self._in_staging or chunk_hash in self._cached
+
+    # -- read cache (called from fetch threads) ---------------------------------------
+    def _chunk_path(self, chunk_hash: str) -> str:
+        return os.path.join(self.chunks_dir, chunk_hash[:2], chunk_hash)
+
+    def put_fetched(self, chunk_hash: str, data: bytes) -> None:
+        """Store a verified chunk in the read cache (atomically: temp file + rename)."""
+        path = self._chunk_path(chunk_hash)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.tmp{threading.get_ident()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        with self._lock:
+            self._cached[chunk_hash] = len(data)
+
+    # -- size accounting -----------------------------------------------------------------
+    @property
+    def staging_bytes(self) -> int:
+        return sum(st.extent for st in self.staging.values())
+
+    @property
+    def cached_bytes(self) -> int:
+        with self._lock:
+            return sum(self._cached.values())
+
+    @property
+    def used_bytes(self) -> int:
+        return self.staging_bytes + self.cached_bytes
+
+    def evict(self, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        """Drop clean data, least recently used first, until under the size limit."""
+        over = self.used_bytes - self.limit_bytes
+        while over > 0:
+            with self._lock:
+                victim = next((h for h in self._cached if h not in keep), None)
+                size = self._cached.pop(victim) if victim else 0
+                fd = self._fds.pop(victim, None) if victim else None
+            if victim is not None:
+                if fd is not None:
+                    os.close(fd)
+                try:
+                    os.unlink(self._chunk_path(victim))
+                except FileNotFoundError:
+                    pass
+            elif self._clean_staging:
+                sid, _ = self._clean_staging.popitem(last=False)
+                st = self.staging.get(sid)
+                if st is None:
+                    continue
+                size = st.extent
+                self.drop_staging(st)
+            else:
+                return  # only dirty data left: writers wait for uploads
+            over -= size
+            self.evicted_bytes += size
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        for st in self.staging.values():
+            try:
+                os.close(st.fd)
+            except OSError:
+                pass

@@ -1,0 +1,72 @@
+"""Chunk encoding: the content name (xxh3-128), the chunk header, and lz4 compression.
+
+This is the only module that imports lz4 and the only one that knows the chunk layout:
+
+    offset  size  field
+    0       4     magic b"CKC1"
+    4       1     codec id (0 = raw, 1 = lz4 block)
+    5       3     reserved, zero
+    8       8     raw (uncompressed) length, little-endian unsigned
+    16      ...   payload
+"""
+
+from __future__ import annotations
+
+import struct
+
+import lz4.block
+import xxhash
+
+from .errors import CorruptChunkError
+
+MAGIC = b"CKC1"
+CODEC_RAW = 0
+CODEC_LZ4 = 1
+CODEC_NAMES = {CODEC_RAW: "raw", CODEC_LZ4: "lz4"}
+_HEADER = struct.Struct("<4sB3xQ")
+HEADER_SIZE = _HEADER.size  # 16
+HASH_NAME = "xxh3-128"
+
+Buffer = bytes | bytearray | memoryview
+
+
+def chunk_hash(data: Buffer) -> str:
+    """The chunk's name: xxh3-128 of its uncompressed bytes, as 32 lowercase hex digits."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def encode_chunk(data: Buffer) -> tuple[bytes, int]:
+    """Header + payload for `data`, lz4-compressed when that makes it smaller.
+
+    Returns (blob, codec id).
+    """
+    raw_len = len(data)
+    if raw_len:
+        compressed = lz4.block.compress(data, store_size=False)
+        if len(compressed) < raw_len:
+            return _HEADER.pack(MAGIC, CODEC_LZ4, raw_len) + compressed, CODEC_LZ4
+    return _HEADER.pack(MAGIC, CODEC_RAW, raw_len) + bytes(data), CODEC_RAW
+
+
+def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes:
+    """The raw bytes of an encoded chunk; CorruptChunkError if anything does not match."""
+    if len(blob) < HEADER_SIZE:
+        raise CorruptChunkError(f"chunk shorter than its header ({len(blob)} bytes)")
+    magic, codec, raw_len = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise CorruptChunkError("bad chunk magic")
+    payload = memoryview(blob)[HEADER_SIZE:]
+    if codec == CODEC_RAW:
+        data = bytes(payload)
+    elif codec == CODEC_LZ4:
+        try:
+            data = lz4.block.decompress(payload, uncompressed_size=raw_len)
+        except lz4.block.LZ4BlockError as e:
+            raise CorruptChunkError(f"lz4 payload does not decode: {e}") from None
+    else:
+        raise CorruptChunkError(f"unknown chunk codec id {codec}")
+    if len(data) != raw_len:
+        raise CorruptChunkError(f"chunk length {len(data)} != header length {raw_len}")
+    if expected_hash is not None and chunk_hash(data) != expected_hash:
+        raise CorruptChunkError(f"chunk content does not match its name {expected_hash}")
+    return data

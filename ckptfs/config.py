@@ -1,0 +1,61 @@
+"""Mount options: parsing and defaults, each limit with its cost (docs/OPERATIONS.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, option: str = "size") -> int:
+    """'512M', '16G', '1.5T', '4096' -> bytes (binary units); ConfigError if malformed."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGTB]?)(?:I?B)?\s*", text.upper())
+    if not m:
+        raise ConfigError(f"invalid value {text!r} for {option} (use e.g. 512M, 16G, 1T)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def default_cache_dir(store_url: str) -> str:
+    """A per-user, per-store cache directory: $XDG_CACHE_HOME/ckptfs/<store hash>."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = hashlib.sha256(store_url.encode()).hexdigest()[:16]
+    return os.path.join(base, "ckptfs", digest)
+
+
+@dataclass
+class MountConfig:
+    """Everything `ckptfs mount` needs; memory/disk cost of each limit in docs/OPERATIONS.md."""
+
+    store: str
+    mountpoint: str
+    cache_dir: str = ""
+    cache_size: int = 16 << 30  # disk: staging + read cache; dirty data above it blocks writers
+    endpoint_url: str | None = None
+    region: str | None = None
+    chunk_size: int = 16 << 20  # only used when creating a new store
+    upload_threads: int = 8  # memory: ~2 chunks each in flight
+    fetch_threads: int = 8  # memory: ~2 chunks each in flight
+    readahead_chunks: int = 4
+    metadata_ttl: float = 1.0
+    publish_timeout: float = 10.0
+    missing_chunk_timeout: float = 60.0
+    fsync_to_store: bool = False
+    allow_other: bool = False
+    foreground: bool = False
+    debug: bool = False
+    node_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            self.node_id = socket.gethostname()
+        for name in ("upload_threads", "fetch_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.cache_size < 4 * self.chunk_size:
+            raise ConfigError(f"--cache-size must be at least 4 chunks ({4 * self.chunk_size} B)")

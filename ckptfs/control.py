@@ -1,0 +1,113 @@
+"""The control socket (<cache>/ctl.sock, mode 0600): status and sync for the CLI.
+
+Protocol: the client sends one JSON line {"cmd": "status"} or {"cmd": "sync"}; the server
+answers JSON lines. `status` answers once. `sync` answers a status line every half
+second until everything closed so far is in the store, then {"done": true, ...}.
+Only the mount's owner (or root) may connect (checked with SO_PEERCRED).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL = 0.5
+
+
+class ControlServer:
+    """Serves status/sync requests in the mount's nursery."""
+
+    def __init__(self, path: str, status: Callable[[], dict[str, Any]],
+                 durable: Callable[[], bool], changed: Callable[[], Any]) -> None:
+        self.path = path
+        self.status = status
+        self.durable = durable
+        self.changed = changed  # async: returns after the next upload progress
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            await sock.bind(self.path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+        sock.listen(16)
+        listener = trio.SocketListener(sock)
+        task_status.started()
+        try:
+            await trio.serve_listeners(self._handle, [listener])
+        finally:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def _allowed(self, stream: trio.SocketStream) -> bool:
+        creds = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                         struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", creds)
+        return uid in (0, os.getuid())
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                if not self._allowed(stream):
+                    await self._send(stream, {"error": "permission denied"})
+                    return
+                line = await self._read_line(stream)
+                cmd = json.loads(line).get("cmd")
+                if cmd == "status":
+                    await self._send(stream, self.status())
+                elif cmd == "sync":
+                    while not self.durable():
+                        await self._send(stream, {"progress": self.status()})
+                        with trio.move_on_after(PROGRESS_INTERVAL):
+                            await self.changed()
+                    await self._send(stream, {"done": True, "status": self.status()})
+                else:
+                    await self._send(stream, {"error": f"unknown command {cmd!r}"})
+            except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as e:
+                log.debug("control connection ended: %s", e)
+
+    @staticmethod
+    async def _read_line(stream: trio.SocketStream) -> bytes:
+        data = b""
+        while not data.endswith(b"\n") and len(data) < 65536:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    @staticmethod
+    async def _send(stream: trio.SocketStream, obj: dict[str, Any]) -> None:
+        await stream.send_all(json.dumps(obj).encode() + b"\n")
+
+
+def request(path: str, cmd: str, timeout: float | None = 10.0):  # type: ignore[no-untyped-def]
+    """Client side (blocking): yield each JSON answer of the daemon to `cmd`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+        buf = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                yield json.loads(line)

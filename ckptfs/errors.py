@@ -1,0 +1,89 @@
+"""The project's exceptions; errno is decided only at the FUSE edge (fuseops)."""
+
+from __future__ import annotations
+
+
+class CkptfsError(Exception):
+    """Base of every error ckptfs raises on purpose."""
+
+
+class ConfigError(CkptfsError):
+    """Bad user input: an option value, a store URL, a mount point."""
+
+
+class FormatError(CkptfsError):
+    """The store's format is unknown, newer than this ckptfs, or a record is malformed."""
+
+
+class StoreError(CkptfsError):
+    """An object-store request failed. `permanent` errors are not worth retrying."""
+
+    permanent = False
+
+
+class TransientStoreError(StoreError):
+    """Timeouts, 5xx, throttling, refused or reset connections: retry with backoff."""
+
+
+class PermanentStoreError(StoreError):
+    """No such bucket, access denied, bad credentials: retrying will not help."""
+
+    permanent = True
+
+
+class NotFoundError(StoreError):
+    """The key does not exist in the store."""
+
+    permanent = True
+
+
+class CorruptChunkError(CkptfsError):
+    """A chunk's bytes do not match its name (hash), or its header is malformed."""
+
+
+class MissingChunkError(CkptfsError):
+    """A chunk named by a manifest is not in the store (yet) after the bounded wait."""
+
+
+class InvalidKeyError(ConfigError):
+    """A store key or a path from the store is unsafe (escapes the root, NUL, '..')."""
+
+
+class FsError(CkptfsError):
+    """A POSIX-level failure of a filesystem operation; fuseops maps each kind to an errno."""
+
+
+class NoEntry(FsError):
+    """No such file or directory (ENOENT)."""
+
+
+class Exists(FsError):
+    """The name already exists (EEXIST)."""
+
+
+class NotEmpty(FsError):
+    """Directory not empty (ENOTEMPTY)."""
+
+
+class IsADirectory(FsError):
+    """A file operation on a directory (EISDIR)."""
+
+
+class NotADirectory(FsError):
+    """A directory operation on a non-directory (ENOTDIR)."""
+
+
+class NotPermitted(FsError):
+    """Operation not permitted (EPERM): hard links, chown to another user."""
+
+
+class InvalidArgument(FsError):
+    """Invalid argument (EINVAL): e.g. moving a directory into itself."""
+
+
+class NoAttribute(FsError):
+    """No such extended attribute (ENODATA)."""
+
+
+class NotSupported(FsError):
+    """Operation not supported (ENOTSUP): setting extended attributes."""

@@ -1,0 +1,136 @@
+"""Lazy reads: find a chunk locally or GET it (single-flight, verified, cached), and prefetch.
+
+A chunk named by a published manifest may not be in the store yet (its writer is still
+uploading): NotFound and transient errors are retried with backoff up to
+``missing_timeout``; then MissingChunkError. A chunk whose bytes do not match its name
+raises CorruptChunkError at once. Neither ever yields wrong bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import trio
+
+from . import codec, manifests
+from .cache import LocalCache
+from .errors import CorruptChunkError, MissingChunkError, NotFoundError, StoreError
+from .store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FetcherStatistics:
+    fetched_chunks: int
+    fetched_bytes: int  # raw bytes
+    inflight: int
+    cache_hits: int
+    cache_misses: int
+
+
+class Fetcher:
+    """Makes chunks locally readable; runs GETs in threads behind the ``fetch`` limiter."""
+
+    def __init__(self, store: Store, cache: LocalCache, workers: int = 8,
+                 missing_timeout: float = 60.0) -> None:
+        self.store = store
+        self.cache = cache
+        self.limiter = trio.CapacityLimiter(workers)
+        self.limiter.name = "fetch"  # type: ignore[attr-defined]
+        self.missing_timeout = missing_timeout
+        self._inflight: dict[str, trio.Event] = {}
+        self._errors: dict[str, Exception] = {}
+        self._nursery: trio.Nursery | None = None
+        self.fetched_chunks = 0
+        self.fetched_bytes = 0
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host prefetch tasks until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def locate(self, chunk_hash: str) -> tuple[int, int]:
+        """(fd, offset) of the chunk's raw bytes on local disk, fetching it if needed.
+
+        Use the location before the next checkpoint (await): eviction may close the fd.
+        """
+        while True:
+            loc = self.cache.locate(chunk_hash)
+            if loc is not None:
+                return loc
+            await self._fetch(chunk_hash)
+
+    def prefetch_nowait(self, chunk_hashes: list[str]) -> None:
+        """Start fetching chunks that are not local (bounded by the fetch limiter)."""
+        if self._nursery is None:
+            return
+        for h in chunk_hashes:
+            if h not in self._inflight and not self.cache.has(h):
+                self._inflight[h] = trio.Event()
+                self._nursery.start_soon(self._prefetch, h)
+
+    def statistics(self) -> FetcherStatistics:
+        return FetcherStatistics(self.fetched_chunks, self.fetched_bytes, len(self._inflight),
+                                 self.cache.hits, self.cache.misses)
+
+    # -- internals ---------------------------------------------------------------------
+    async def _prefetch(self, chunk_hash: str) -> None:
+        try:
+            await self._fetch_owned(chunk_hash)
+        except (MissingChunkError, CorruptChunkError) as e:
+            log.debug("prefetch of %s failed: %s", chunk_hash, e)
+
+    async def _fetch(self, chunk_hash: str) -> None:
+        event = self._inflight.get(chunk_hash)
+        if event is None:
+            self._inflight[chunk_hash] = trio.Event()
+            await self._fetch_owned(chunk_hash)
+            return
+        await event.wait()
+        error = self._errors.get(chunk_hash)
+        if error is not None and not self.cache.has(chunk_hash):
+            raise error
+
+    async def _fetch_owned(self, chunk_hash: str) -> None:
+        """GET with retries; the caller has put this chunk's Event in _inflight."""
+        event = self._inflight[chunk_hash]
+        self._errors.pop(chunk_hash, None)
+        try:
+            size = await self._get_with_retries(chunk_hash)
+            self.fetched_chunks += 1
+            self.fetched_bytes += size
+            self.cache.evict(keep={chunk_hash})
+        except Exception as e:
+            self._errors[chunk_hash] = e
+            raise
+        finally:
+            del self._inflight[chunk_hash]
+            event.set()
+
+    async def _get_with_retries(self, chunk_hash: str) -> int:
+        deadline = time.monotonic() + self.missing_timeout
+        delay = 0.1
+        while True:
+            try:
+                return await trio.to_thread.run_sync(self._get_sync, chunk_hash,
+                                                     limiter=self.limiter)
+            except (NotFoundError, StoreError) as e:
+                if e.permanent and not isinstance(e, NotFoundError):
+                    raise MissingChunkError(f"chunk {chunk_hash}: {e}") from None
+                if time.monotonic() + delay > deadline:
+                    what = "not in the store" if isinstance(e, NotFoundError) else str(e)
+                    raise MissingChunkError(
+                        f"chunk {chunk_hash} {what} after {self.missing_timeout:g}s") from None
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _get_sync(self, chunk_hash: str) -> int:
+        blob = self.store.get(manifests.chunk_key(chunk_hash))
+        data = codec.decode_chunk(blob, chunk_hash)
+        self.cache.put_fetched(chunk_hash, data)
+        return len(data)

@@ -1,0 +1,184 @@
+"""Format v1 records and keys: ckptfs.json, file manifests, directory markers (docs/FORMAT.md)."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import stat
+import time
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from . import __version__
+from .chunking import DEFAULT_CHUNK_SIZE
+from .codec import HASH_NAME
+from .errors import FormatError, InvalidKeyError
+
+FORMAT_VERSION = 1
+INFO_KEY = "ckptfs.json"
+FILES = "files/"
+CHUNKS = "chunks/"
+
+
+def check_path(path: str) -> str:
+    """Return `path` (relative, '/'-separated, no '', '.', '..' or NUL) or raise.
+
+    The root directory is the empty path "". Paths from the store are checked before use.
+    """
+    if path == "":
+        return path
+    if path.startswith("/") or "\0" in path or any(p in ("", ".", "..") for p in path.split("/")):
+        raise InvalidKeyError(f"unsafe path in store: {path!r}")
+    return path
+
+
+def join(parent: str, name: str) -> str:
+    """Path of entry `name` in directory `parent`."""
+    return f"{parent}/{name}" if parent else name
+
+
+def file_key(path: str) -> str:
+    """Key of the manifest of the file (or symlink) at `path`."""
+    return FILES + check_path(path)
+
+
+def dir_key(path: str) -> str:
+    """Key of the marker of the directory at `path`; the root's is 'files/'."""
+    return FILES + (check_path(path) + "/" if path else "")
+
+
+def dir_prefix(path: str) -> str:
+    """LIST prefix of the entries of the directory at `path`."""
+    return dir_key(path)
+
+
+def chunk_key(chunk_hash: str) -> str:
+    """Key of a chunk: sharded by the first two hex digits of its name."""
+    return f"{CHUNKS}{chunk_hash[:2]}/{chunk_hash}"
+
+
+def path_of_key(key: str) -> str:
+    """Inverse of file_key/dir_key: 'files/a/b' and 'files/a/b/' -> 'a/b'."""
+    if not key.startswith(FILES):
+        raise InvalidKeyError(f"not a files/ key: {key!r}")
+    return check_path(key[len(FILES):].rstrip("/"))
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """The contents of <prefix>/ckptfs.json: read first, written once at creation."""
+
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    format: int = FORMAT_VERSION
+    hash: str = HASH_NAME
+    created_by: str = f"ckptfs {__version__}"
+    created_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": self.format, "chunk_size": self.chunk_size, "hash": self.hash,
+            "created_by": self.created_by, "created_at": self.created_at,
+        }, indent=1).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, blob: bytes) -> StoreInfo:
+        try:
+            d = json.loads(blob)
+            version = int(d["format"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise FormatError(f"{INFO_KEY} is not valid: {e}") from None
+        if version > FORMAT_VERSION:
+            raise FormatError(
+                f"store format version {version} is newer than this ckptfs supports "
+                f"({FORMAT_VERSION}); upgrade ckptfs")
+        if d.get("hash", HASH_NAME) != HASH_NAME:
+            raise FormatError(f"store uses hash {d.get('hash')!r}, ckptfs knows {HASH_NAME}")
+        try:
+            return cls(chunk_size=int(d["chunk_size"]), format=version, hash=HASH_NAME,
+                       created_by=str(d.get("created_by", "")),
+                       created_at=float(d.get("created_at", 0)))
+        except (ValueError, KeyError, TypeError) as e:
+            raise FormatError(f"{INFO_KEY} is not valid: {e}") from None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One file or symlink: its attributes and the chunks that hold its bytes, in order."""
+
+    size: int
+    mode: int
+    mtime_ns: int
+    chunks: tuple[tuple[str, int], ...] = ()
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    writer: str = ""
+    target: str | None = None  # symlinks only
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.target is not None
+
+    def chunk_offsets(self) -> list[int]:
+        """Start offset of every chunk, plus the file size at the end."""
+        return [0, *accumulate(n for _, n in self.chunks)]
+
+    def chunk_at(self, offsets: list[int], offset: int) -> int:
+        """Index of the chunk holding byte `offset`, given chunk_offsets()."""
+        return bisect.bisect_right(offsets, offset) - 1
+
+    def to_json(self) -> bytes:
+        d: dict[str, object] = {"v": FORMAT_VERSION, "size": self.size, "mode": self.mode,
+                                "mtime_ns": self.mtime_ns}
+        if self.target is not None:
+            d["target"] = self.target
+        else:
+            d["chunk_size"] = self.chunk_size
+            d["chunks"] = [list(c) for c in self.chunks]
+        d["writer"] = self.writer
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes) -> Manifest:
+        """Parse and validate; FormatError for anything malformed or from a newer format."""
+        try:
+            d = json.loads(blob)
+            if int(d["v"]) > FORMAT_VERSION:
+                raise FormatError(f"manifest format {d['v']} is newer than this ckptfs")
+            target = d.get("target")
+            chunks = tuple((str(h), int(n)) for h, n in d.get("chunks", ()))
+            m = cls(size=int(d["size"]), mode=int(d["mode"]), mtime_ns=int(d["mtime_ns"]),
+                    chunks=chunks, chunk_size=int(d.get("chunk_size", DEFAULT_CHUNK_SIZE)),
+                    writer=str(d.get("writer", "")),
+                    target=None if target is None else str(target))
+        except FormatError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise FormatError(f"manifest is not valid: {e!r}") from None
+        if m.target is None and sum(n for _, n in m.chunks) != m.size:
+            raise FormatError("manifest chunk lengths do not add up to its size")
+        if any(len(h) != 32 or n < 0 for h, n in m.chunks):
+            raise FormatError("manifest names a malformed chunk")
+        if m.target is None and not stat.S_ISREG(m.mode):
+            m = Manifest(m.size, stat.S_IFREG | (m.mode & 0o7777), m.mtime_ns, m.chunks,
+                         m.chunk_size, m.writer)
+        return m
+
+
+@dataclass(frozen=True)
+class DirMarker:
+    """The body of a directory marker: the directory's mode and mtime."""
+
+    mode: int = stat.S_IFDIR | 0o755
+    mtime_ns: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps({"v": FORMAT_VERSION, "mode": self.mode,
+                           "mtime_ns": self.mtime_ns}).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes) -> DirMarker:
+        try:
+            d = json.loads(blob) if blob else {}
+            return cls(mode=stat.S_IFDIR | (int(d.get("mode", 0o755)) & 0o7777),
+                       mtime_ns=int(d.get("mtime_ns", 0)))
+        except (ValueError, TypeError) as e:
+            raise FormatError(f"directory marker is not valid: {e!r}") from None

@@ -1,0 +1,240 @@
+"""Mount lifecycle: open the store and cache, replay the journal, serve FUSE, flush, exit.
+
+    prepare()  store reachable? format known? cache dir free? journal replayed
+    serve()    pyfuse3.init -> trio.run(main) -> pyfuse3.close, in a try/finally
+    main()     one nursery: uploader, fetcher, publisher, control socket, signal handler,
+               pyfuse3.main(); when the file system is unmounted (ckptfs umount,
+               fusermount3 -u, SIGTERM), everything closed is flushed to the store first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyfuse3
+import trio
+
+from . import __version__, manifests
+from .cache import LocalCache
+from .config import MountConfig, default_cache_dir
+from .control import ControlServer
+from .errors import ConfigError, NotFoundError, StoreError
+from .fetcher import Fetcher
+from .filesystem import CheckpointFS, Options
+from .fuseops import FuseOps
+from .journal import Journal
+from .manifests import StoreInfo
+from .publisher import Publisher
+from .store import open_store
+from .store.base import AsyncStore, Store
+from .uploader import Uploader
+
+log = logging.getLogger(__name__)
+
+
+def load_or_create_info(store: Store, chunk_size: int) -> StoreInfo:
+    """Read <prefix>/ckptfs.json (checking the version), or initialise a new store."""
+    try:
+        return StoreInfo.from_json(store.get(manifests.INFO_KEY))
+    except NotFoundError:
+        info = StoreInfo(chunk_size=chunk_size)
+        store.put(manifests.INFO_KEY, info.to_json())
+        store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
+        log.info("initialised a new store at %s (chunk size %d)", store.url, chunk_size)
+        return info
+
+
+def control_socket_path(cache_dir: str) -> str:
+    path = os.path.join(cache_dir, "ctl.sock")
+    if len(path) < 100:
+        return path
+    digest = hashlib.sha256(cache_dir.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"ckptfs-{os.getuid()}-{digest}.sock")
+
+
+@dataclass
+class Prepared:
+    """Everything opened before FUSE starts; closed by serve()."""
+
+    cfg: MountConfig
+    store: Store
+    info: StoreInfo
+    journal: Journal
+    cache: LocalCache
+    lock_fd: int
+
+
+def check_mountpoint(path: str) -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise ConfigError("/dev/fuse is missing: load the fuse module or run with --device "
+                          "/dev/fuse in containers")
+    if not os.path.exists(path):
+        raise ConfigError(f"mount point does not exist: {path}")
+    if not os.path.isdir(path):
+        raise ConfigError(f"mount point is not a directory: {path}")
+    if os.path.ismount(path):
+        raise ConfigError(f"already mounted: {path}")
+    if os.listdir(path):
+        raise ConfigError(f"mount point is not empty: {path}")
+
+
+def prepare(cfg: MountConfig) -> Prepared:
+    """Open and check everything; ConfigError/StoreError/FormatError with one-line messages."""
+    check_mountpoint(cfg.mountpoint)
+    store = open_store(cfg.store, endpoint_url=cfg.endpoint_url, region=cfg.region,
+                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads + 8)
+    check = getattr(store, "check", None)
+    if check is not None:
+        check()
+    info = load_or_create_info(store, cfg.chunk_size)
+    cfg.cache_dir = os.path.abspath(cfg.cache_dir or default_cache_dir(store.url))
+    os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
+    os.chmod(cfg.cache_dir, 0o700)
+    lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        raise ConfigError(f"cache directory {cfg.cache_dir} is in use by another ckptfs "
+                          "mount") from None
+    journal = Journal(os.path.join(cfg.cache_dir, "journal.sqlite"))
+    known = journal.get_meta("store")
+    if known is None:
+        journal.set_meta("store", store.url)
+    elif known != store.url:
+        raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
+                          "use another --cache-dir")
+    cache = LocalCache(cfg.cache_dir, cfg.cache_size)
+    cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})
+    return Prepared(cfg, store, info, journal, cache, lock_fd)
+
+
+def fuse_options(cfg: MountConfig) -> set[str]:
+    opts = set(pyfuse3.default_options)
+    opts |= {"fsname=ckptfs", "subtype=ckptfs", "default_permissions", "noatime"}
+    if cfg.allow_other:
+        opts.add("allow_other")
+    return opts
+
+
+def tune_readahead(mountpoint: str, kib: int = 4096) -> None:
+    """Raise the mount's read_ahead_kb so the kernel sends 1 MiB+ READs (best effort)."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        with open(path, "w") as f:
+            f.write(str(kib))
+    except OSError as e:
+        log.debug("could not raise read_ahead_kb: %s", e)
+
+
+def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
+    """Run the mount until unmounted; returns 0 when everything is durable in the store."""
+    cfg = p.cfg
+    ops_holder: dict[str, Any] = {}
+
+    async def main() -> int:
+        journal_limiter = trio.CapacityLimiter(1)
+        uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads)
+        fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
+        publisher = Publisher(p.store, p.journal, journal_limiter)
+        meta_limiter = trio.CapacityLimiter(16)
+        meta_limiter.name = "metadata"  # type: ignore[attr-defined]
+        sock_path = control_socket_path(cfg.cache_dir)
+        fs = CheckpointFS(AsyncStore(p.store, meta_limiter), p.cache, uploader, fetcher,
+                          publisher, p.info.chunk_size, Options(
+                              metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
+                              readahead_chunks=cfg.readahead_chunks,
+                              prefetch_whole_file_max=min(2 << 30, cfg.cache_size // 4),
+                              fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
+                              control_socket=sock_path))
+        uploader.resume(p.journal.pending_chunks())
+        publisher.load(p.journal.pending_ops())
+        started = time.time()
+
+        def status() -> dict[str, Any]:
+            st = fs.statistics()
+            st.update(pid=os.getpid(), store=p.store.url, mountpoint=cfg.mountpoint,
+                      cache_dir=cfg.cache_dir, version=__version__,
+                      uptime=round(time.time() - started, 1))
+            return st
+
+        control = ControlServer(sock_path, status, fs.durable, uploader.wait_changed)
+        pyfuse3.init(FuseOps(fs), cfg.mountpoint, fuse_options(cfg))
+        ops_holder["mounted"] = True
+        unmounted = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(uploader.run)
+            await nursery.start(fetcher.run)
+            await nursery.start(publisher.run)
+            await nursery.start(control.serve)
+            nursery.start_soon(_on_signals, cfg.mountpoint, unmounted)
+            nursery.start_soon(trio.to_thread.run_sync, tune_readahead, cfg.mountpoint)
+            ready(None)
+            log.info("mounted %s on %s (cache %s)", p.store.url, cfg.mountpoint, cfg.cache_dir)
+            await pyfuse3.main()
+            unmounted.set()
+            ops_holder["mounted"] = False
+            log.info("unmounted; flushing %d chunks and %d metadata ops to the store",
+                     uploader.pending_count(), publisher.pending_count)
+            with trio.CancelScope() as flush_scope:
+                ops_holder["flush_scope"] = flush_scope
+                await fs.wait_all_durable()
+            durable = fs.durable()
+            log.info("flush %s", "complete: everything is in the store" if durable else
+                     "interrupted: the rest stays in the cache for the next mount")
+            nursery.cancel_scope.cancel()
+        return 0 if durable else 1
+
+    async def _on_signals(mountpoint: str, unmounted: trio.Event) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for signum in sigs:
+                if not unmounted.is_set():
+                    log.info("signal %d: unmounting (lazy), then flushing", signum)
+                    await trio.to_thread.run_sync(_lazy_unmount, mountpoint)
+                else:
+                    log.warning("signal %d during the final flush: stopping now; pending "
+                                "data stays in the cache for the next mount", signum)
+                    scope = ops_holder.get("flush_scope")
+                    if scope is not None:
+                        scope.cancel()
+
+    code = 1
+    try:
+        code = trio.run(main)
+    except BaseException as e:
+        if "mounted" not in ops_holder:
+            ready(f"cannot mount {cfg.mountpoint}: {e}")
+        else:
+            log.exception("ckptfs failed")
+        raise
+    finally:
+        if "mounted" in ops_holder:
+            pyfuse3.close(unmount=bool(ops_holder.get("mounted")))
+        p.cache.close()
+        p.journal.close()
+        p.store.close()
+        os.close(p.lock_fd)
+    return code
+
+
+def _lazy_unmount(mountpoint: str) -> None:
+    subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def config_summary(cfg: MountConfig) -> dict[str, Any]:
+    return asdict(cfg)
+
+
+__all__ = ["prepare", "serve", "Prepared", "StoreError"]

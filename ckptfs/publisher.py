@@ -1,0 +1,195 @@
+"""Applies journaled metadata operations to the store, strictly in order.
+
+Kinds of op (journal.Op):
+
+    put_file    path, body      PUT the manifest files/<path>
+    put_dir     path, body      PUT the directory marker files/<path>/
+    delete_file path            DELETE files/<path>
+    delete_dir  path            DELETE files/<path>/
+    rename_file path -> path2   copy the manifest, then delete the old key
+    rename_dir  path -> path2   copy every key under files/<path>/, then delete them
+
+Every op is idempotent, so replaying the journal after a crash (at any point of an op)
+rolls it forward. Runs of deletes are sent as one batched delete.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+
+import trio
+
+from . import manifests
+from .errors import NotFoundError, StoreError
+from .journal import Journal, Op
+from .store.base import Store
+
+log = logging.getLogger(__name__)
+
+DELETES = ("delete_file", "delete_dir")
+RENAME_THREADS = 16
+
+
+class Publisher:
+    """The single task that makes local metadata changes visible in the store."""
+
+    def __init__(self, store: Store, journal: Journal,
+                 journal_limiter: trio.CapacityLimiter) -> None:
+        self.store = store
+        self.journal = journal
+        self.journal_limiter = journal_limiter
+        self.limiter = trio.CapacityLimiter(1)
+        self.limiter.name = "publish"  # type: ignore[attr-defined]
+        self._queue: deque[Op] = deque()
+        self._pending_paths: Counter[str] = Counter()
+        self._changed = trio.Condition()
+        self.applied_seq = 0
+        self.healthy = True
+        self.last_error: str | None = None
+        self.applied_ops = 0
+
+    def load(self, ops: list[Op]) -> None:
+        """Queue ops found in the journal at startup."""
+        for op in ops:
+            self.enqueue(op)
+
+    def enqueue(self, op: Op) -> None:
+        """Queue an op already in the journal."""
+        self._queue.append(op)
+        for p in (op.path, op.path2):
+            if p is not None:
+                self._pending_paths[p] += 1
+
+    async def add(self, op: Op) -> None:
+        """Queue an op already in the journal and wake the applier."""
+        self.enqueue(op)
+        async with self._changed:
+            self._changed.notify_all()
+
+    def is_pending(self, path: str) -> bool:
+        """Whether an unapplied op touches `path` or one of its ancestors."""
+        if not self._pending_paths:
+            return False
+        while True:
+            if self._pending_paths.get(path):
+                return True
+            if not path:
+                return False
+            path = path.rpartition("/")[0]
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._queue)
+
+    async def wait_applied(self, seq: int, timeout: float) -> bool:
+        """Wait until op `seq` is in the store; False after `timeout` or while unhealthy."""
+        with trio.move_on_after(timeout):
+            async with self._changed:
+                while self.applied_seq < seq and self.healthy:
+                    await self._changed.wait()
+        return self.applied_seq >= seq
+
+    async def wait_empty(self) -> None:
+        async with self._changed:
+            while self._queue:
+                await self._changed.wait()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Apply ops forever, retrying failures with backoff; cancel to stop."""
+        task_status.started()
+        delay = 0.2
+        while True:
+            async with self._changed:
+                while not self._queue:
+                    await self._changed.wait()
+            batch = [self._queue[0]]
+            if batch[0].kind in DELETES:
+                for op in list(self._queue)[1:1000]:
+                    if op.kind not in DELETES:
+                        break
+                    batch.append(op)
+            try:
+                await trio.to_thread.run_sync(self._apply_sync, batch, limiter=self.limiter)
+            except StoreError as e:
+                self.healthy = False
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("metadata op %s %s failed (retrying): %s", batch[0].kind,
+                            batch[0].path, e)
+                async with self._changed:
+                    self._changed.notify_all()
+                await trio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 30.0)
+                continue
+            delay = 0.2
+            await trio.to_thread.run_sync(self.journal.remove_ops, [op.seq for op in batch],
+                                          limiter=self.journal_limiter)
+            for op in batch:
+                self._queue.popleft()
+                for p in (op.path, op.path2):
+                    if p is not None:
+                        self._pending_paths[p] -= 1
+                        if not self._pending_paths[p]:
+                            del self._pending_paths[p]
+                self.applied_seq = max(self.applied_seq, op.seq)
+            self.applied_ops += len(batch)
+            self.last_error = None
+            self.healthy = True
+            async with self._changed:
+                self._changed.notify_all()
+
+    def statistics(self) -> dict[str, object]:
+        return {"pending_ops": len(self._queue), "applied_ops": self.applied_ops,
+                "last_error": self.last_error}
+
+    # -- in a thread ---------------------------------------------------------------------
+    def _apply_sync(self, batch: list[Op]) -> None:
+        if batch[0].kind in DELETES:
+            keys = [manifests.file_key(op.path) if op.kind == "delete_file"
+                    else manifests.dir_key(op.path) for op in batch]
+            self.store.delete_many(keys)
+            return
+        op = batch[0]
+        if op.kind == "put_file":
+            self.store.put(manifests.file_key(op.path), op.body or b"")
+        elif op.kind == "put_dir":
+            self.store.put(manifests.dir_key(op.path), op.body or b"")
+        elif op.kind == "rename_file":
+            assert op.path2 is not None
+            self._rename_file(op.path, op.path2)
+        elif op.kind == "rename_dir":
+            assert op.path2 is not None
+            self._rename_dir(op.path, op.path2)
+        else:
+            log.error("unknown op kind %r in journal, skipped", op.kind)
+
+    def _rename_file(self, src: str, dst: str) -> None:
+        try:
+            self.store.copy(manifests.file_key(src), manifests.file_key(dst))
+        except NotFoundError:
+            if self.store.head(manifests.file_key(dst)) is None:
+                log.warning("rename %s -> %s: source is gone from the store", src, dst)
+            return  # replay after the copy and delete were done
+        self.store.delete(manifests.file_key(src))
+
+    def _rename_dir(self, src: str, dst: str) -> None:
+        start = time.monotonic()
+        old_prefix, new_prefix = manifests.dir_key(src), manifests.dir_key(dst)
+        keys = [k for k, _ in self.store.list(old_prefix, delimiter=None).objects]
+        with ThreadPoolExecutor(RENAME_THREADS) as pool:
+            list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
+                          keys))
+        self.store.delete_many(keys)
+        if old_prefix not in keys:
+            self.store.put(new_prefix, b"")
+        log.info("renamed directory %s -> %s (%d keys) in %.2fs", src, dst, len(keys),
+                 time.monotonic() - start)
+
+    def _copy_if_present(self, src_key: str, dst_key: str) -> None:
+        try:
+            self.store.copy(src_key, dst_key)
+        except NotFoundError:
+            pass

@@ -1,0 +1,127 @@
+"""The object-store interface: a blocking client every store implements, and its async facade."""
+
+from __future__ import annotations
+
+import abc
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import trio
+
+from ..errors import InvalidKeyError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One LIST answer: objects (key, size) and, with a delimiter, common prefixes."""
+
+    objects: list[tuple[str, int]] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)
+
+
+def check_key(key: str) -> str:
+    """Return `key` if it is a safe relative store key, else raise InvalidKeyError.
+
+    Safe: non-empty, relative, no NUL, no empty, '.' or '..' segment (a trailing '/' is
+    allowed: it names a directory marker).
+    """
+    if not key or key.startswith("/") or "\0" in key or "\\" in key:
+        raise InvalidKeyError(f"unsafe store key: {key!r}")
+    parts = key.split("/")
+    if parts[-1] == "":
+        parts = parts[:-1]
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        raise InvalidKeyError(f"unsafe store key: {key!r}")
+    return key
+
+
+class Store(abc.ABC):
+    """A flat key space of immutable-ish objects; every method blocks and is thread-safe.
+
+    Keys are relative to the store's root (bucket prefix or directory). Errors are the
+    StoreError family of ckptfs.errors: NotFoundError, TransientStoreError (retry),
+    PermanentStoreError (do not retry).
+    """
+
+    #: where the store lives, without credentials (for logs and status)
+    url: str = ""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Store `data` under `key`, atomically replacing any old object."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """Whole object; NotFoundError if absent."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object (shorter at its end); NotFoundError if absent."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> int | None:
+        """Size of the object, or None if absent."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; absent is not an error."""
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Remove many objects (batched where the store can); absent ones are ignored."""
+        for key in keys:
+            self.delete(key)
+
+    @abc.abstractmethod
+    def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
+        """Every object whose key starts with `prefix` (all pages).
+
+        With delimiter '/', keys with a further '/' after the prefix are rolled up into
+        `prefixes` (each ending in '/'), as S3 does. With None, the listing is recursive.
+        """
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy one object (server-side where the store can)."""
+        self.put(dst, self.get(src))
+
+    def close(self) -> None:
+        """Release connections; the store is unusable afterwards."""
+
+
+class AsyncStore:
+    """Async facade: each call runs the blocking store in a thread behind `limiter`."""
+
+    def __init__(self, store: Store, limiter: trio.CapacityLimiter) -> None:
+        self.store = store
+        self.limiter = limiter
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """Run any blocking callable behind this store's limiter."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter)
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await self.run(self.store.put, key, data)
+
+    async def get(self, key: str) -> bytes:
+        return await self.run(self.store.get, key)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        return await self.run(self.store.get_range, key, start, end)
+
+    async def head(self, key: str) -> int | None:
+        return await self.run(self.store.head, key)
+
+    async def delete(self, key: str) -> None:
+        await self.run(self.store.delete, key)
+
+    async def delete_many(self, keys: list[str]) -> None:
+        await self.run(self.store.delete_many, keys)
+
+    async def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
+        return await self.run(self.store.list, prefix, delimiter)
+
+    async def copy(self, src: str, dst: str) -> None:
+        await self.run(self.store.copy, src, dst)

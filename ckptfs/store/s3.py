@@ -1,0 +1,239 @@
+"""A store in an S3-compatible bucket (AWS S3, MinIO, SeaweedFS, Ceph RGW), through boto3."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    NoRegionError,
+    ParamValidationError,
+    PartialCredentialsError,
+    ProfileNotFound,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from ..errors import NotFoundError, PermanentStoreError, StoreError, TransientStoreError
+from .base import Listing, Store, check_key
+
+#: error codes of a missing object
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+#: error codes that retrying cannot fix: a wrong bucket, endpoint or credentials
+PERMANENT_CODES = frozenset(
+    {
+        "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+        "AllAccessDisabled", "AccountProblem", "InvalidBucketName", "ExpiredToken",
+        "InvalidToken", "RequestTimeTooSkewed", "403",
+    }
+)
+#: 4xx error codes that are nevertheless worth retrying (throttling, torn requests)
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestTimeout",
+        "RequestLimitExceeded", "BandwidthLimitExceeded", "OperationAborted",
+        "PriorRequestNotComplete", "IncompleteBody", "BadDigest", "XAmzContentSHA256Mismatch",
+    }
+)
+#: client-side errors that retrying cannot fix
+PERMANENT_BOTOCORE = (
+    NoCredentialsError, PartialCredentialsError, ProfileNotFound, NoRegionError,
+    ParamValidationError,
+)
+#: most keys one DeleteObjects request may carry
+DELETE_BATCH = 1000
+
+
+def error_class(code: str, status: int) -> type[StoreError]:
+    """The StoreError subclass for an S3 error code and HTTP status (0 if unknown)."""
+    if code in PERMANENT_CODES or status in (401, 403):
+        return PermanentStoreError
+    if code in NOT_FOUND_CODES or status == 404:
+        return NotFoundError
+    if code in TRANSIENT_CODES or status in (0, 408, 429) or status >= 500:
+        return TransientStoreError
+    return PermanentStoreError  # any other 3xx/4xx: the request cannot succeed as sent
+
+
+def error_code(e: ClientError) -> tuple[str, int]:
+    """(S3 error code, HTTP status or 0) of a ClientError."""
+    code = str(e.response.get("Error", {}).get("Code", ""))
+    return code, int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def root_cause(e: BaseException) -> str:
+    """The innermost OS reason of a connection failure ('Connection refused'), else `e`."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        cause = cause.__cause__ or cause.__context__
+    return one_line(e)
+
+
+def one_line(text: object) -> str:
+    """`text` as a single line (error messages go to logs and to the status file)."""
+    return " ".join(str(text).split())
+
+
+class S3Store(Store):
+    """Objects under `prefix` in one bucket; one shared, thread-safe boto3 client."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_pool_connections: int = 32,
+        connect_timeout: float = 5,
+        read_timeout: float = 60,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        config = Config(
+            max_pool_connections=max_pool_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"max_attempts": 2, "mode": "standard"},  # ckptfs retries with backoff
+            s3={"addressing_style": "path"} if endpoint_url else None,
+            # many S3-compatible servers reject the flexible checksums boto3 sends by default
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        session = boto3.session.Session(region_name=region)
+        self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        self.endpoint: str = self._client.meta.endpoint_url
+        self.url = f"s3://{bucket}/{self.prefix}" + (f" at {endpoint_url}" if endpoint_url else "")
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{key} at {self.endpoint}"
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        """Translate botocore exceptions into the StoreError family, never naming secrets."""
+        try:
+            yield
+        except ClientError as e:
+            code, status = error_code(e)
+            cls = error_class(code, status)
+            raise cls(f"S3 {op} {self._where(key)}: {code or 'error'} (HTTP {status})") from e
+        except PERMANENT_BOTOCORE as e:
+            raise PermanentStoreError(f"S3 {op} {self._where(key)}: {one_line(e)}") from e
+        except BotoCoreError as e:
+            raise TransientStoreError(f"S3 {op} {self._where(key)}: {one_line(e)}") from e
+
+    def check(self) -> None:
+        """Verify that the bucket exists and answers; raise a one-line StoreError if not."""
+        with self._errors("check", ""):
+            try:
+                self._client.head_bucket(Bucket=self.bucket)
+            except ClientError as e:
+                code, status = error_code(e)
+                if code == "NoSuchBucket" or error_class(code, status) is NotFoundError:
+                    raise PermanentStoreError(
+                        f"bucket {self.bucket} does not exist at {self.endpoint}"
+                    ) from e
+                raise
+            except (BotoConnectionError, HTTPClientError) as e:
+                raise TransientStoreError(
+                    f"cannot connect to {self.endpoint}: {root_cause(e)}"
+                ) from e
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        body = bytes(data) if isinstance(data, memoryview) else data
+        with self._errors("put", key):
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
+
+    def get(self, key: str) -> bytes:
+        with self._errors("get", key):
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return bytes(response["Body"].read())
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if start < 0:
+            raise ValueError(f"negative range start: {start}")
+        if end <= start:
+            if self.head(key) is None:
+                raise NotFoundError(f"S3 get_range {self._where(key)}: no such object")
+            return b""
+        with self._errors("get_range", key):
+            try:
+                response = self._client.get_object(
+                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}"
+                )
+            except ClientError as e:
+                if error_code(e)[0] == "InvalidRange":
+                    return b""  # start is at or past the end of the object
+                raise
+            body = bytes(response["Body"].read())
+        # a server that ignores Range answers 200 with the whole object
+        return body if "ContentRange" in response else body[start:end]
+
+    def head(self, key: str) -> int | None:
+        try:
+            with self._errors("head", key):
+                response = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except NotFoundError:
+            return None
+        return int(response["ContentLength"])
+
+    def delete(self, key: str) -> None:
+        with self._errors("delete", key):
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        full_keys = [self._key(k) for k in keys]
+        for i in range(0, len(full_keys), DELETE_BATCH):
+            batch = full_keys[i : i + DELETE_BATCH]
+            first = batch[0][len(self.prefix) :]
+            with self._errors("delete_many", first):
+                response = self._client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+            self._raise_delete_errors(response.get("Errors", []))
+
+    def _raise_delete_errors(self, errors: list[dict[str, str]]) -> None:
+        """Raise for the first key DeleteObjects could not delete (a missing one is fine)."""
+        for error in errors:
+            code = error.get("Code", "")
+            if code not in NOT_FOUND_CODES:
+                key = error.get("Key", "")[len(self.prefix) :]
+                cls = error_class(code, 0)
+                raise cls(f"S3 delete_many {self._where(key)}: {code} ({len(errors)} failed)")
+
+    def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
+        args = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
+        if delimiter is not None:
+            args["Delimiter"] = delimiter
+        n = len(self.prefix)
+        objects: list[tuple[str, int]] = []
+        prefixes: list[str] = []
+        with self._errors("list", prefix):
+            for page in self._client.get_paginator("list_objects_v2").paginate(**args):
+                objects += [(o["Key"][n:], int(o["Size"])) for o in page.get("Contents", [])]
+                prefixes += [p["Prefix"][n:] for p in page.get("CommonPrefixes", [])]
+        return Listing(sorted(objects), sorted(prefixes))
+
+    def copy(self, src: str, dst: str) -> None:
+        with self._errors("copy", src):
+            self._client.copy_object(
+                Bucket=self.bucket,
+                Key=self._key(dst),
+                CopySource={"Bucket": self.bucket, "Key": self._key(src)},
+            )
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,260 @@
+"""Background upload of chunks: read from staging, hash, compress, skip known, PUT, retry.
+
+Work arrives two ways:
+
+- early: a chunk of a file still being written is complete (sequential writes crossed
+  its end), so it is uploaded while the save goes on; the result is only used if the
+  chunk was not written again meanwhile (the filesystem checks a version number);
+- published: at close, every chunk of the file not yet in the store is journaled and
+  queued here by hash.
+
+Each job runs in one worker thread behind the ``upload`` CapacityLimiter. Transient store
+errors are retried forever with exponential backoff and jitter; permanent ones are
+reported (statistics().last_error) and retried slowly, the data staying in the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from . import codec, manifests
+from .cache import LocalCache, StagingFile
+from .errors import StoreError
+from .journal import Journal, PendingChunk
+from .store.base import Store
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 0.2
+BACKOFF_MAX = 30.0
+PERMANENT_RETRY = 30.0
+
+
+@dataclass(eq=False)
+class UploadJob:
+    """Upload bytes [offset, offset+length) of a staging file (hash computed if None)."""
+
+    staging: StagingFile
+    offset: int
+    length: int
+    hash: str | None = None
+    on_done: Callable[[str], None] | None = None  # early jobs: told the hash when stored
+
+
+@dataclass(frozen=True)
+class UploaderStatistics:
+    queued_jobs: int
+    uploading_bytes: int
+    uploaded_bytes: int  # raw bytes of chunks PUT by this mount
+    stored_bytes: int  # encoded bytes PUT (after compression)
+    dedup_bytes: int  # raw bytes not uploaded because the store had them
+    upload_rate: float  # raw bytes per second, over the last few seconds
+    last_error: str | None
+    retrying_since: float | None
+
+
+@dataclass
+class _Rate:
+    window: float = 5.0
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def add(self, nbytes: int) -> None:
+        self.samples.append((time.monotonic(), nbytes))
+
+    def value(self) -> float:
+        now = time.monotonic()
+        while self.samples and self.samples[0][0] < now - self.window:
+            self.samples.popleft()
+        return sum(n for _, n in self.samples) / self.window
+
+
+class Uploader:
+    """Owns which chunks are in the store, pending, or being uploaded."""
+
+    def __init__(self, store: Store, cache: LocalCache, journal: Journal,
+                 journal_limiter: trio.CapacityLimiter, workers: int = 8) -> None:
+        self.store = store
+        self.cache = cache
+        self.journal = journal
+        self.journal_limiter = journal_limiter
+        self.limiter = trio.CapacityLimiter(workers)
+        self.limiter.name = "upload"  # type: ignore[attr-defined]
+        self.workers = workers
+        self.in_store: set[str] = set()
+        self._journaled: set[str] = set()
+        self._waiting: dict[str, list[tuple[StagingFile, int]]] = {}  # hash -> its copies
+        self._queued: set[str] = set()
+        self._send, self._receive = trio.open_memory_channel[UploadJob](10_000)
+        self._lock = trio.Lock()  # orders journal inserts against upload completions
+        self._changed = trio.Condition()
+        self._uploading_bytes = 0
+        self._uploaded_bytes = 0
+        self._stored_bytes = 0
+        self._dedup_bytes = 0
+        self._rate = _Rate()
+        self.last_error: str | None = None
+        self.retrying_since: float | None = None
+
+    # -- the public surface ----------------------------------------------------------
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the worker tasks until cancelled (then in-flight uploads are abandoned)."""
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.workers):
+                nursery.start_soon(self._worker)
+            task_status.started()
+
+    def submit_early_nowait(self, job: UploadJob) -> None:
+        """Queue a complete chunk of an open file; dropped silently if the queue is full."""
+        try:
+            self._send.send_nowait(job)
+        except trio.WouldBlock:
+            pass
+
+    async def persist(self, chunks: list[PendingChunk], ops: list[tuple[str, str, str | None,
+                      bytes | None]]) -> list[int]:
+        """Journal the chunks not yet in the store plus metadata ops; queue the uploads.
+
+        Returns the ops' sequence numbers. When this returns, the chunks survive a crash.
+        """
+        async with self._lock:
+            todo = [c for c in chunks if c.hash not in self.in_store]
+            seqs = await trio.to_thread.run_sync(self.journal.add_chunks, todo, ops,
+                                                 limiter=self.journal_limiter)
+            for c in todo:
+                self._journaled.add(c.hash)
+                self._add_pending(c)
+            return seqs
+
+    def resume(self, chunks: list[PendingChunk]) -> None:
+        """After a restart: queue the journaled chunks again (their staging files exist)."""
+        for c in chunks:
+            st = self.cache.staging.get(c.staging_id)
+            if st is None:
+                log.error("chunk %s lost: staging file %d is gone", c.hash, c.staging_id)
+                continue
+            self._journaled.add(c.hash)
+            self.cache.add_staged_chunk(c.hash, st, c.offset, c.length)
+            self.cache.set_dirty(st, c.offset, c.length)
+            self._add_pending(c, st)
+
+    def is_pending(self, chunk_hash: str) -> bool:
+        """Whether the chunk is journaled and not yet in the store."""
+        return chunk_hash in self._journaled
+
+    def pending_count(self) -> int:
+        """Chunks journaled and not yet in the store."""
+        return len(self._journaled)
+
+    async def wait_changed(self) -> None:
+        """Return after the next upload finishes or fails (for back-pressure and sync)."""
+        async with self._changed:
+            await self._changed.wait()
+
+    def statistics(self) -> UploaderStatistics:
+        return UploaderStatistics(
+            queued_jobs=self._receive.statistics().current_buffer_used,
+            uploading_bytes=self._uploading_bytes, uploaded_bytes=self._uploaded_bytes,
+            stored_bytes=self._stored_bytes, dedup_bytes=self._dedup_bytes,
+            upload_rate=self._rate.value(), last_error=self.last_error,
+            retrying_since=self.retrying_since)
+
+    # -- internals -------------------------------------------------------------------
+    def _add_pending(self, c: PendingChunk, st: StagingFile | None = None) -> None:
+        st = st or self.cache.staging[c.staging_id]
+        st.pending += 1
+        self._waiting.setdefault(c.hash, []).append((st, c.offset))
+        if c.hash not in self._queued:
+            self._queued.add(c.hash)
+            self._send.send_nowait(UploadJob(st, c.offset, c.length, c.hash))
+
+    async def _worker(self) -> None:
+        async for job in self._receive:
+            await self._upload_with_retries(job)
+
+    async def _upload_with_retries(self, job: UploadJob) -> None:
+        delay = BACKOFF_START
+        while True:
+            if job.hash is not None and job.hash in self.in_store:
+                await self._finished(job, job.hash, uploaded=False)
+                return
+            if job.staging.fd < 0:
+                return  # staging file dropped (file deleted before its upload)
+            self._uploading_bytes += job.length
+            try:
+                chunk_hash, stored_len = await trio.to_thread.run_sync(
+                    self._upload_sync, job, limiter=self.limiter)
+            except StoreError as e:
+                self.last_error = f"{type(e).__name__}: {e}"
+                self.retrying_since = self.retrying_since or time.time()
+                log.warning("upload failed (retrying): %s", e)
+                wait = PERMANENT_RETRY if e.permanent else delay * random.uniform(0.5, 1.5)
+                delay = min(delay * 2, BACKOFF_MAX)
+                await self._notify()
+                await trio.sleep(wait)
+                continue
+            except OSError as e:
+                log.error("cannot read staged chunk at %s+%d: %s", job.staging.path,
+                          job.offset, e)
+                return
+            finally:
+                self._uploading_bytes -= job.length
+            self.retrying_since = None
+            self.last_error = None
+            if chunk_hash is None:  # published chunk whose staged bytes changed: lost
+                log.error("staged bytes of chunk %s no longer match it (lost before a local "
+                          "fsync?)", job.hash)
+                return
+            self._stored_bytes += stored_len
+            await self._finished(job, chunk_hash, uploaded=stored_len > 0)
+            return
+
+    def _upload_sync(self, job: UploadJob) -> tuple[str | None, int]:
+        """In a worker thread: read, hash, skip if present, encode, PUT.
+
+        Returns (hash or None if the bytes are not the expected ones, bytes PUT or 0).
+        """
+        data = os.pread(job.staging.fd, job.length, job.offset)
+        chunk_hash = codec.chunk_hash(data)
+        if len(data) != job.length or (job.hash is not None and chunk_hash != job.hash):
+            return None, 0
+        if chunk_hash in self.in_store:
+            return chunk_hash, 0
+        key = manifests.chunk_key(chunk_hash)
+        if self.store.head(key) is not None:
+            return chunk_hash, 0
+        blob, _ = codec.encode_chunk(data)
+        self.store.put(key, blob)
+        return chunk_hash, len(blob)
+
+    async def _finished(self, job: UploadJob, chunk_hash: str, uploaded: bool) -> None:
+        if uploaded:
+            self._uploaded_bytes += job.length
+            self._rate.add(job.length)
+        elif chunk_hash not in self.in_store:
+            self._dedup_bytes += job.length
+        async with self._lock:
+            self.in_store.add(chunk_hash)
+            self._queued.discard(chunk_hash)
+            if chunk_hash in self._journaled:
+                self._journaled.discard(chunk_hash)
+                await trio.to_thread.run_sync(self.journal.remove_chunk, chunk_hash,
+                                              limiter=self.journal_limiter)
+        for st, offset in self._waiting.pop(chunk_hash, []):
+            st.pending -= 1
+            self.cache.clear_dirty(st, offset)
+            self.cache.release_staging(st)
+        if job.on_done is not None:
+            job.on_done(chunk_hash)
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
