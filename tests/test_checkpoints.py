@@ -1,0 +1,174 @@
+"""Real checkpoints through real mounts, on the local store and on SeaweedFS S3.
+
+Each test is a user story: save with torch/safetensors on one node, `ckptfs umount`,
+load on "another node" (a second mount with an empty cache), compare every tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from mounting import Mount
+from seaweed import SeaweedServer
+
+
+class StoreUnderTest:
+    """A store URL plus the CLI options to reach it, and a way to count its chunks."""
+
+    def __init__(self, url: str, extra: list[str], count_chunks: object) -> None:
+        self.url = url
+        self.extra = extra
+        self.count_chunks = count_chunks  # () -> number of chunk objects
+
+    def node(self, root: Path, name: str, *more: str) -> Mount:
+        return Mount(self.url, root, name, extra=[*self.extra, *more])
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreUnderTest:
+    if request.param == "local":
+        root = tmp_path / "store"
+        root.mkdir()
+        return StoreUnderTest(str(root), [], lambda: sum(
+            1 for p in (root / "chunks").rglob("*") if p.is_file()))
+    seaweed: SeaweedServer = request.getfixturevalue("seaweed")
+    bucket = seaweed.new_bucket()
+    prefix = f"run-{uuid.uuid4().hex[:6]}"
+    client = seaweed.client()
+
+    def count() -> int:
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{prefix}/chunks/")
+        return sum(len(p.get("Contents", [])) for p in pages)
+
+    return StoreUnderTest(f"s3://{bucket}/{prefix}", ["--endpoint-url", seaweed.endpoint], count)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[list[Mount]]:
+    """Mounts created by a test; all are unmounted at the end, even on failure."""
+    made: list[Mount] = []
+    yield made
+    for m in made:
+        m.cleanup()
+
+
+def training_state(megabytes: int = 200) -> dict[str, object]:
+    """Model weights + Adam moments (~3x the weights) + scheduler, RNG and step."""
+    torch.manual_seed(1234)
+    n_layers = max(1, megabytes * 2**20 // (3 * 4 * 1024 * 1024))
+    model = {f"layer{i}.weight": torch.randn(1024, 1024) for i in range(n_layers)}
+    model["layer0.bias"] = torch.zeros(1024)
+    model["embed"] = torch.randn(4096, 128).to(torch.bfloat16)
+    optim = {"state": {i: {"step": torch.tensor(500.0), "exp_avg": torch.randn_like(t.float()),
+                           "exp_avg_sq": torch.rand_like(t.float())}
+                       for i, t in enumerate(model.values())},
+             "param_groups": [{"lr": 1e-4, "params": list(range(len(model)))}]}
+    return {"model": model, "optimizer": optim, "scheduler": {"last_epoch": 500},
+            "rng": torch.get_rng_state(), "step": 500}
+
+
+def assert_same(a: object, b: object, where: str = "state") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert torch.equal(a, b), f"tensor differs at {where}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_torch_checkpoint_survives_remount_on_another_node(
+        store: StoreUnderTest, nodes: list[Mount], tmp_path: Path) -> None:
+    state = training_state(200)
+    a = store.node(tmp_path, "a").mount()
+    nodes.append(a)
+    (a / "step-1000").mkdir()
+    torch.save(state, a / "step-1000" / "rank0.pt")
+    size = (a / "step-1000" / "rank0.pt").stat().st_size
+    assert size > 190 * 2**20
+    r = a.umount()
+    assert "everything is in the store" in r.stdout
+
+    b = store.node(tmp_path, "b").mount()  # another node: its own, empty cache
+    nodes.append(b)
+    assert not any((b.cache / "chunks").rglob("*.tmp*"))
+    assert_same(state, torch.load(b / "step-1000" / "rank0.pt", weights_only=False))
+    assert_same(state, torch.load(b / "step-1000" / "rank0.pt", mmap=True, weights_only=False))
+    assert b.status()["fetched_bytes"] >= size
+    b.umount()
+
+
+def test_cold_open_prefetches_the_whole_file_in_parallel(
+        store: StoreUnderTest, nodes: list[Mount], tmp_path: Path) -> None:
+    data = os.urandom(24 * 2**20)
+    a = store.node(tmp_path, "a", "--chunk-size", "1M").mount()
+    nodes.append(a)
+    (a / "ckpt.bin").write_bytes(data)
+    a.umount()
+    b = store.node(tmp_path, "b").mount()
+    nodes.append(b)
+    with open(b / "ckpt.bin", "rb") as f:
+        f.seek(-100, os.SEEK_END)  # torch.load reads the zip directory at the end first
+        assert f.read() == data[-100:]
+        deadline = time.monotonic() + 30
+        while b.status()["fetched_bytes"] < len(data) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.status()["fetched_bytes"] >= len(data)  # the rest came without being asked
+        f.seek(0)
+        assert f.read() == data
+
+
+def test_safetensors_roundtrip(store: StoreUnderTest, nodes: list[Mount], tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(7)
+    tensors = {f"w{i}": torch.randn(512, 1024) for i in range(20)}
+    tensors["half"] = torch.randn(333, 77).half()
+    a = store.node(tmp_path, "a").mount()
+    nodes.append(a)
+    save_file(tensors, str(a / "model.safetensors"))
+    a.umount()
+    b = store.node(tmp_path, "b").mount()
+    nodes.append(b)
+    loaded = load_file(str(b / "model.safetensors"))
+    assert_same(tensors, loaded)
+
+
+def test_copy_of_a_stored_checkpoint_uploads_no_new_chunk(
+        store: StoreUnderTest, nodes: list[Mount], tmp_path: Path) -> None:
+    state = training_state(40)
+    a = store.node(tmp_path, "a").mount()
+    nodes.append(a)
+    torch.save(state, a / "step-1.pt")
+    a.umount()
+    chunks_before = store.count_chunks()  # type: ignore[operator]
+    assert chunks_before >= 2
+
+    b = store.node(tmp_path, "b").mount()  # a fresh node copies the checkpoint
+    nodes.append(b)
+    shutil.copyfile(b / "step-1.pt", b / "copy-of-step-1.pt")
+    (b / "again").mkdir()
+    torch.save(state, b / "again" / "step-1.pt")  # the same bytes saved under another name
+    st = b.status()
+    b.umount()
+    assert store.count_chunks() == chunks_before  # type: ignore[operator]
+    assert st["uploaded_bytes"] == 0 or st["uploaded_bytes"] < 2**20
+
+    c = store.node(tmp_path, "c").mount()
+    nodes.append(c)
+    assert (c / "copy-of-step-1.pt").read_bytes() == (c / "again" / "step-1.pt").read_bytes()
+    assert_same(state, torch.load(c / "copy-of-step-1.pt", weights_only=False))
