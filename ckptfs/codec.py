@@ -17,6 +17,7 @@ import struct
 import lz4.block
 import xxhash
 
+from .chunking import MAX_CHUNK_SIZE
 from .errors import CorruptChunkError
 
 MAGIC = b"CKC1"
@@ -55,6 +56,8 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes:
     magic, codec, raw_len = _HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise CorruptChunkError("bad chunk magic")
+    if raw_len > MAX_CHUNK_SIZE:  # a damaged header must not make lz4 allocate (or overflow)
+        raise CorruptChunkError(f"chunk header length {raw_len} exceeds {MAX_CHUNK_SIZE}")
     payload = memoryview(blob)[HEADER_SIZE:]
     if codec == CODEC_RAW:
         data = bytes(payload)

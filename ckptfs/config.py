@@ -57,5 +57,3 @@ class MountConfig:
         for name in ("upload_threads", "fetch_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.cache_size < 4 * self.chunk_size:
-            raise ConfigError(f"--cache-size must be at least 4 chunks ({4 * self.chunk_size} B)")

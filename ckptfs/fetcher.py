@@ -84,6 +84,8 @@ class Fetcher:
             await self._fetch_owned(chunk_hash)
         except (MissingChunkError, CorruptChunkError) as e:
             log.debug("prefetch of %s failed: %s", chunk_hash, e)
+        except Exception as e:  # noqa: BLE001 - best effort: must not end the run() nursery
+            log.warning("prefetch of %s failed: %r", chunk_hash, e)
 
     async def _fetch(self, chunk_hash: str) -> None:
         event = self._inflight.get(chunk_hash)
@@ -122,11 +124,12 @@ class Fetcher:
             except (NotFoundError, StoreError) as e:
                 if e.permanent and not isinstance(e, NotFoundError):
                     raise MissingChunkError(f"chunk {chunk_hash}: {e}") from None
-                if time.monotonic() + delay > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     what = "not in the store" if isinstance(e, NotFoundError) else str(e)
                     raise MissingChunkError(
                         f"chunk {chunk_hash} {what} after {self.missing_timeout:g}s") from None
-                await trio.sleep(delay)
+                await trio.sleep(min(delay, remaining))  # the last try is at the deadline
                 delay = min(delay * 2, 5.0)
 
     def _get_sync(self, chunk_hash: str) -> int:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 import stat
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate
 
 from . import __version__
-from .chunking import DEFAULT_CHUNK_SIZE
+from .chunking import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from .codec import HASH_NAME
 from .errors import FormatError, InvalidKeyError
 
@@ -18,6 +19,8 @@ FORMAT_VERSION = 1
 INFO_KEY = "ckptfs.json"
 FILES = "files/"
 CHUNKS = "chunks/"
+#: a chunk name as codec.chunk_hash() writes it: xxh3-128 in lowercase hex
+CHUNK_NAME = re.compile(r"[0-9a-f]{32}")
 
 
 def check_path(path: str) -> str:
@@ -94,11 +97,15 @@ class StoreInfo:
         if d.get("hash", HASH_NAME) != HASH_NAME:
             raise FormatError(f"store uses hash {d.get('hash')!r}, ckptfs knows {HASH_NAME}")
         try:
-            return cls(chunk_size=int(d["chunk_size"]), format=version, hash=HASH_NAME,
+            info = cls(chunk_size=int(d["chunk_size"]), format=version, hash=HASH_NAME,
                        created_by=str(d.get("created_by", "")),
                        created_at=float(d.get("created_at", 0)))
         except (ValueError, KeyError, TypeError) as e:
             raise FormatError(f"{INFO_KEY} is not valid: {e}") from None
+        if not MIN_CHUNK_SIZE <= info.chunk_size <= MAX_CHUNK_SIZE:
+            raise FormatError(f"{INFO_KEY} is not valid: chunk size {info.chunk_size} is not "
+                              f"in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+        return info
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,7 @@ class Manifest:
             raise FormatError(f"manifest is not valid: {e!r}") from None
         if m.target is None and sum(n for _, n in m.chunks) != m.size:
             raise FormatError("manifest chunk lengths do not add up to its size")
-        if any(len(h) != 32 or n < 0 for h, n in m.chunks):
+        if any(n < 0 or not CHUNK_NAME.fullmatch(h) for h, n in m.chunks):
             raise FormatError("manifest names a malformed chunk")
         if m.target is None and not stat.S_ISREG(m.mode):
             m = Manifest(m.size, stat.S_IFREG | (m.mode & 0o7777), m.mtime_ns, m.chunks,

@@ -97,6 +97,9 @@ def prepare(cfg: MountConfig) -> Prepared:
     if check is not None:
         check()
     info = load_or_create_info(store, cfg.chunk_size)
+    if cfg.cache_size < 4 * info.chunk_size:
+        raise ConfigError(f"--cache-size must be at least 4 chunks of this store "
+                          f"({4 * info.chunk_size} bytes)")
     cfg.cache_dir = os.path.abspath(cfg.cache_dir or default_cache_dir(store.url))
     os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
     os.chmod(cfg.cache_dir, 0o700)

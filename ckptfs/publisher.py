@@ -183,7 +183,9 @@ class Publisher:
             list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
                           keys))
         self.store.delete_many(keys)
-        if old_prefix not in keys:
+        # a directory without a marker of its own still gets one; but on a replay the old
+        # marker may already have been moved: keep that one (its mode and mtime)
+        if old_prefix not in keys and self.store.head(new_prefix) is None:
             self.store.put(new_prefix, b"")
         log.info("renamed directory %s -> %s (%d keys) in %.2fs", src, dst, len(keys),
                  time.monotonic() - start)

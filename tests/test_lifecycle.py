@@ -1,0 +1,170 @@
+"""Mount lifecycle through the real CLI: flush on umount/SIGTERM/fusermount, back-pressure,
+status, journal resume after a crash during a store outage, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mounting import Mount, is_mounted, run_cli
+from seaweed import SeaweedServer
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    root = tmp_path / "store"
+    root.mkdir()
+    return str(root)
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[Mount]]:
+    made: list[Mount] = []
+    yield made
+    for m in made:
+        m.cleanup()
+
+
+def node(nodes: list[Mount], store: str, root: Path, name: str, *extra: str) -> Mount:
+    m = Mount(store, root, name, extra=list(extra))
+    nodes.append(m)
+    return m.mount()
+
+
+def write_files(mnt: Mount, n: int = 3, size: int = 5 * 2**20) -> dict[str, bytes]:
+    files = {f"f{i}.bin": os.urandom(size) for i in range(n)}
+    for name, data in files.items():
+        (mnt / name).write_bytes(data)
+    return files
+
+
+def assert_files(mnt: Mount, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        assert (mnt / name).read_bytes() == data, name
+
+
+@pytest.mark.parametrize("how", ["sigterm", "fusermount"])
+def test_shutdown_without_ckptfs_umount_still_flushes(
+        how: str, store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M")
+    files = write_files(a)
+    assert a.pid is not None
+    if how == "sigterm":
+        os.kill(a.pid, signal.SIGTERM)
+    else:
+        subprocess.run(["fusermount3", "-u", str(a.path)], check=True)
+    a.wait_exit(60)
+    assert not is_mounted(a.path)
+    b = node(nodes, store, tmp_path, "b")
+    assert_files(b, files)
+
+
+def test_status_sync_and_umount_report_durability(
+        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M")
+    files = write_files(a)
+    st = a.status()
+    for field in ("dirty_bytes", "uploading_bytes", "uploaded_bytes", "stored_bytes",
+                  "logical_bytes", "cache_bytes", "upload_rate", "errors", "pending_chunks",
+                  "pending_ops", "eta_seconds", "dedup_ratio", "compression_ratio"):
+        assert field in st, field
+    assert st["logical_bytes"] == sum(map(len, files.values()))
+    r = run_cli("sync", str(a.path))
+    assert "durable" in r.stdout
+    st = a.status()
+    assert st["durable"] and st["dirty_bytes"] == 0 and st["pending_chunks"] == 0
+    assert st["uploaded_bytes"] >= sum(map(len, files.values()))
+    assert os.getxattr(a / "f0.bin", "user.ckptfs.state") == b"durable"
+    human = run_cli("status", str(a.path)).stdout
+    assert "durable" in human and "uploaded" in human
+    r = a.umount()
+    assert r.returncode == 0 and "everything is in the store" in r.stdout
+
+
+def test_writers_wait_at_the_cache_limit_and_nothing_fails(
+        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M", "--cache-size", "4M")
+    data = os.urandom(48 * 2**20)
+    (a / "big.bin").write_bytes(data)  # 12x the cache limit: back-pressure, never an error
+    assert a.status()["dirty_bytes"] <= 6 * 2**20
+    a.umount()
+    b = node(nodes, store, tmp_path, "b", "--cache-size", "8M")
+    assert (b / "big.bin").read_bytes() == data  # read through a cache smaller than the file
+    cache_files = [p for p in (b.cache / "chunks").rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in cache_files) <= 8 * 2**20 + 2**20
+
+
+def test_crash_during_store_outage_resumes_from_the_journal(
+        tmp_path: Path, nodes: list[Mount], seaweed: SeaweedServer) -> None:
+    server = SeaweedServer(tmp_path / "weed")  # our own server, to take it down (the shared
+    # `seaweed` fixture provides the test credentials in the environment)
+    server.start()
+    try:
+        bucket = server.new_bucket()
+        url, extra = f"s3://{bucket}/job", ["--endpoint-url", server.endpoint]
+        a = Mount(url, tmp_path, "a", extra=[*extra, "--chunk-size", "1M"])
+        nodes.append(a)
+        a.mount()
+        server.stop()  # the store goes down; writes must still succeed
+        files = write_files(a, n=2, size=3 * 2**20)
+        st = a.status()
+        assert st["pending_chunks"] > 0 or st["pending_ops"] > 0
+        a.kill(9)  # the node's ckptfs crashes before anything reached the store
+        server.restart()
+        a.mount()  # same cache directory: the journal is replayed
+        a.umount()
+        b = Mount(url, tmp_path, "b", extra=extra)
+        nodes.append(b)
+        b.mount()
+        assert_files(b, files)
+        b.umount()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("case", ["no-store", "mnt-is-file", "bad-size", "mnt-not-empty",
+                                  "refused-endpoint"])
+def test_bad_input_is_one_line_and_leaves_no_mount(case: str, tmp_path: Path) -> None:
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    store.mkdir()
+    mnt.mkdir()
+    args = [str(store), str(mnt), "--cache-dir", str(tmp_path / "cache")]
+    if case == "no-store":
+        args[0] = str(tmp_path / "missing")
+    elif case == "mnt-is-file":
+        (tmp_path / "file").write_text("x")
+        args[1] = str(tmp_path / "file")
+    elif case == "bad-size":
+        args += ["--cache-size", "12Q"]
+    elif case == "mnt-not-empty":
+        (mnt / "x").write_text("x")
+    elif case == "refused-endpoint":
+        args[0] = "s3://bucket-x/p"
+        args += ["--endpoint-url", "http://127.0.0.1:9"]
+    r = run_cli("mount", *args, check=False, timeout=60,
+                env={**os.environ, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                     "AWS_DEFAULT_REGION": "us-east-1"})
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptfs: "), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not is_mounted(mnt)
+
+
+def test_second_mount_on_the_same_cache_dir_is_refused(
+        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+    a = node(nodes, store, tmp_path, "a")
+    other = tmp_path / "other-mnt"
+    other.mkdir()
+    r = run_cli("mount", store, str(other), "--cache-dir", str(a.cache), check=False)
+    assert r.returncode == 1 and "in use" in r.stderr
+    assert not is_mounted(other)
+    r = run_cli("status", str(tmp_path), check=False)
+    assert r.returncode == 1 and "not a ckptfs mount" in r.stderr
+    assert json.loads(run_cli("status", str(a.path), "--json").stdout)["pid"] == a.pid
