@@ -203,6 +203,7 @@ class Uploader:
             except OSError as e:
                 log.error("cannot read staged chunk at %s+%d: %s", job.staging.path,
                           job.offset, e)
+                await self._abandon(job)
                 return
             finally:
                 self._uploading_bytes -= job.length
@@ -211,6 +212,7 @@ class Uploader:
             if chunk_hash is None:  # published chunk whose staged bytes changed: lost
                 log.error("staged bytes of chunk %s no longer match it (lost before a local "
                           "fsync?)", job.hash)
+                await self._abandon(job)
                 return
             self._stored_bytes += stored_len
             await self._finished(job, chunk_hash, uploaded=stored_len > 0)
@@ -253,6 +255,25 @@ class Uploader:
             self.cache.release_staging(st)
         if job.on_done is not None:
             job.on_done(chunk_hash)
+        await self._notify()
+
+    async def _abandon(self, job: UploadJob) -> None:
+        """A published chunk whose local bytes are unreadable or wrong: it cannot be
+        uploaded from here, so stop tracking it (the error is logged; `ckptfs verify`
+        on any node reports the file incomplete)."""
+        if job.hash is None:
+            return  # an early job: the chunk is hashed and queued again at close
+        self.last_error = f"chunk {job.hash} lost: its staged bytes are unreadable"
+        async with self._lock:
+            self._queued.discard(job.hash)
+            if job.hash in self._journaled:
+                self._journaled.discard(job.hash)
+                await trio.to_thread.run_sync(self.journal.remove_chunk, job.hash,
+                                              limiter=self.journal_limiter)
+        for st, offset in self._waiting.pop(job.hash, []):
+            st.pending -= 1
+            self.cache.clear_dirty(st, offset)
+            self.cache.release_staging(st)
         await self._notify()
 
     async def _notify(self) -> None:
