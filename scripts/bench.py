@@ -1,0 +1,214 @@
+"""Benchmark: torch.save / torch.load of an N GiB state dict, side by side, interleaved.
+
+Targets (A B C ... interleaved, medians of --runs):
+  local   a directory on the same disk as the cache (the baseline)
+  ck-dir  ckptfs on the embedded local-directory store
+  ck-s3   ckptfs on SeaweedFS S3 (started here on 127.0.0.1)
+  raw-s3  the object-store ceiling: the same file PUT/GET with boto3, 8 threads, 16 MiB parts
+
+Per target: save stall (until torch.save returns), time to durable (save + umount, or
+save + fsync for local, or the PUT for raw), cold load (fresh cache / after the PUT), bytes
+stored, daemon peak RSS. Run as root (drops the page cache before cold loads).
+
+    .venv/bin/python scripts/bench.py --gib 1 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from seaweed import SeaweedServer  # noqa: E402
+
+CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
+
+
+def state_dict(gib: float) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    n = max(1, int(gib * 1024 / 64))  # 64 MiB tensors
+    return {f"t{i}": torch.randn(16 * 1024 * 1024) for i in range(n)}
+
+
+def drop_caches() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run(*args: str) -> str:
+    r = subprocess.run([*CKPTFS, *args], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"ckptfs {' '.join(args)} failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+def bench_local(work: Path, state: dict[str, torch.Tensor]) -> dict[str, float]:
+    d = work / "local"
+    d.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    torch.save(state, d / "ckpt.pt")
+    save = time.perf_counter() - t0
+    fd = os.open(d / "ckpt.pt", os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    durable = time.perf_counter() - t0
+    drop_caches()
+    t1 = time.perf_counter()
+    torch.load(d / "ckpt.pt")
+    load = time.perf_counter() - t1
+    size = (d / "ckpt.pt").stat().st_size
+    shutil.rmtree(d)
+    return {"save": save, "durable": durable, "load": load, "stored": size, "rss": 0}
+
+
+def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: list[str],
+                 stored_bytes: "callable") -> dict[str, float]:  # type: ignore[valid-type]
+    mnt, mnt2 = work / "mnt", work / "mnt2"
+    cache, cache2 = work / "cache", work / "cache2"
+    for p in (cache, cache2):
+        shutil.rmtree(p, ignore_errors=True)
+    mnt.mkdir(exist_ok=True)
+    mnt2.mkdir(exist_ok=True)
+    run("mount", store, str(mnt), "--cache-dir", str(cache), *extra)
+    import json
+    pid = json.loads(run("status", str(mnt), "--json"))["pid"]
+    t0 = time.perf_counter()
+    torch.save(state, mnt / "ckpt.pt")
+    save = time.perf_counter() - t0
+    rss = peak_rss(pid)
+    run("umount", str(mnt))
+    durable = time.perf_counter() - t0
+    drop_caches()
+    run("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra)
+    t1 = time.perf_counter()
+    torch.load(mnt2 / "ckpt.pt")
+    load = time.perf_counter() - t1
+    pid2 = json.loads(run("status", str(mnt2), "--json"))["pid"]
+    rss = max(rss, peak_rss(pid2))
+    os.unlink(mnt2 / "ckpt.pt")
+    run("umount", str(mnt2))
+    stored = stored_bytes()
+    for p in (cache, cache2):
+        shutil.rmtree(p, ignore_errors=True)
+    return {"save": save, "durable": durable, "load": load, "stored": stored, "rss": rss}
+
+
+def bench_raw(work: Path, state: dict[str, torch.Tensor], client: object, bucket: str
+              ) -> dict[str, float]:
+    from boto3.s3.transfer import TransferConfig
+
+    cfg = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20,
+                         max_concurrency=8)
+    src = work / "raw-src.pt"
+    torch.save(state, src)  # not timed: the raw store gets the same bytes
+    os.sync()
+    t0 = time.perf_counter()
+    client.upload_file(str(src), bucket, "raw/ckpt.pt", Config=cfg)  # type: ignore[attr-defined]
+    put = time.perf_counter() - t0
+    size = src.stat().st_size
+    os.unlink(src)
+    drop_caches()
+    dst = work / "raw-dst.pt"
+    t1 = time.perf_counter()
+    client.download_file(bucket, "raw/ckpt.pt", str(dst), Config=cfg)  # type: ignore[attr-defined]
+    torch.load(dst)
+    load = time.perf_counter() - t1
+    os.unlink(dst)
+    client.delete_object(Bucket=bucket, Key="raw/ckpt.pt")  # type: ignore[attr-defined]
+    return {"save": float("nan"), "durable": put, "load": load, "stored": size, "rss": 0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workdir", default=None, help="on the disk to measure (default: /tmp)")
+    ap.add_argument("--targets", default="local,ck-dir,ck-s3,raw-s3")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
+    targets = a.targets.split(",")
+    state = state_dict(a.gib)
+    server = SeaweedServer(work / "weed")
+    os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
+                      AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1")
+    server.start()
+    results: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
+    try:
+        client = server.client()
+        bucket = server.new_bucket()
+        dir_store = work / "dir-store"
+        for i in range(a.runs):
+            for t in targets:
+                if t == "local":
+                    r = bench_local(work, state)
+                elif t == "ck-dir":
+                    shutil.rmtree(dir_store, ignore_errors=True)
+                    dir_store.mkdir()
+                    r = bench_ckptfs(work, state, str(dir_store), [],
+                                     lambda: du(dir_store / "chunks"))
+                elif t == "ck-s3":
+                    prefix = f"run{i}"
+
+                    def s3_bytes(prefix: str = prefix) -> int:
+                        pages = client.get_paginator("list_objects_v2").paginate(
+                            Bucket=bucket, Prefix=f"{prefix}/chunks/")
+                        return sum(o["Size"] for p in pages for o in p.get("Contents", []))
+
+                    r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
+                                     ["--endpoint-url", server.endpoint], s3_bytes)
+                else:
+                    r = bench_raw(work, state, client, bucket)
+                results[t].append(r)
+                print(f"run {i + 1} {t:7s} " + " ".join(
+                    f"{k}={v:.2f}" for k, v in r.items() if k in ("save", "durable", "load")),
+                    flush=True)
+    finally:
+        server.stop()
+        for m in ("mnt", "mnt2"):
+            subprocess.run(["fusermount3", "-u", "-z", str(work / m)], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(t: str, k: str) -> float:
+        return statistics.median(r[k] for r in results[t])
+
+    print(f"\n{a.gib:g} GiB state dict, medians of {a.runs} interleaved runs")
+    print(f"{'target':8s} {'save s':>8s} {'durable s':>10s} {'cold load s':>12s} "
+          f"{'stored MiB':>11s} {'daemon RSS MiB':>15s}")
+    for t in targets:
+        print(f"{t:8s} {med(t, 'save'):8.2f} {med(t, 'durable'):10.2f} {med(t, 'load'):12.2f} "
+              f"{med(t, 'stored') / 2**20:11.0f} {max(r['rss'] for r in results[t]) / 2**20:15.0f}")
+    if "local" in targets:
+        for t in ("ck-dir", "ck-s3"):
+            if t in targets:
+                print(f"{t}: save stall {med(t, 'save') / med('local', 'save'):.2f}x local")
+    if "raw-s3" in targets and "ck-s3" in targets:
+        print(f"ck-s3: durable {med('ck-s3', 'durable') / med('raw-s3', 'durable'):.2f}x raw PUT, "
+              f"cold load {med('ck-s3', 'load') / med('raw-s3', 'load'):.2f}x raw GET+load")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
