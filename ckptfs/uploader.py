@@ -15,27 +15,55 @@ reported (statistics().last_error) and retried slowly, the data staying in the c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import trio
 
 from . import codec, manifests
 from .cache import LocalCache, StagingFile
-from .errors import StoreError
+from .errors import StoreError, TransientStoreError
 from .journal import Journal, PendingChunk
 from .store.base import Store
 
 log = logging.getLogger(__name__)
 
+UPLOAD_NICE = 10  # uploads yield the CPU to the training process and the FUSE loop
 BACKOFF_START = 0.2
 BACKOFF_MAX = 30.0
 PERMANENT_RETRY = 30.0
+
+
+@contextlib.contextmanager
+def low_cpu_priority() -> Iterator[None]:
+    """Run the calling thread at nice UPLOAD_NICE, restoring its priority afterwards."""
+    tid = threading.get_native_id()
+    try:
+        old = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, max(old, UPLOAD_NICE))
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # non-root cannot lower it again: harmless
+            os.setpriority(os.PRIO_PROCESS, tid, old)
+
+
+@dataclass(eq=False)
+class _Put:
+    """A PUT in progress in some worker thread, for others holding the same chunk."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
 
 
 @dataclass(eq=False)
@@ -89,6 +117,8 @@ class Uploader:
         self.limiter.name = "upload"  # type: ignore[attr-defined]
         self.workers = workers
         self.in_store: set[str] = set()
+        self._puts: dict[str, _Put] = {}
+        self._puts_lock = threading.Lock()
         self._journaled: set[str] = set()
         self._waiting: dict[str, list[tuple[StagingFile, int]]] = {}  # hash -> its copies
         self._queued: set[str] = set()
@@ -222,19 +252,41 @@ class Uploader:
         """In a worker thread: read, hash, skip if present, encode, PUT.
 
         Returns (hash or None if the bytes are not the expected ones, bytes PUT or 0).
+        Runs at a lower CPU priority: on a busy node the save goes first.
         """
+        with low_cpu_priority():
+            return self._upload_sync_now(job)
+
+    def _upload_sync_now(self, job: UploadJob) -> tuple[str | None, int]:
         data = os.pread(job.staging.fd, job.length, job.offset)
         chunk_hash = codec.chunk_hash(data)
         if len(data) != job.length or (job.hash is not None and chunk_hash != job.hash):
             return None, 0
         if chunk_hash in self.in_store:
             return chunk_hash, 0
-        key = manifests.chunk_key(chunk_hash)
-        if self.store.head(key) is not None:
+        with self._puts_lock:  # the same chunk from an early and a published job: one PUT
+            other = self._puts.get(chunk_hash)
+            if other is None:
+                mine = self._puts[chunk_hash] = _Put()
+        if other is not None:
+            other.done.wait()
+            if not other.ok:
+                raise TransientStoreError(f"concurrent upload of chunk {chunk_hash} failed")
             return chunk_hash, 0
-        blob, _ = codec.encode_chunk(data)
-        self.store.put(key, blob)
-        return chunk_hash, len(blob)
+        try:
+            key = manifests.chunk_key(chunk_hash)
+            if self.store.head(key) is not None:
+                stored = 0
+            else:
+                blob, _ = codec.encode_chunk(data)
+                self.store.put(key, blob)
+                stored = len(blob)
+            mine.ok = True
+            return chunk_hash, stored
+        finally:
+            with self._puts_lock:
+                del self._puts[chunk_hash]
+            mine.done.set()
 
     async def _finished(self, job: UploadJob, chunk_hash: str, uploaded: bool) -> None:
         if uploaded:
