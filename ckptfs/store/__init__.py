@@ -1,14 +1,56 @@
-"""TEMP until helper writes it."""
-from .base import AsyncStore, Listing, Store
-from ..errors import ConfigError
+"""Object stores: the Store interface, its implementations, and open_store() for a store URL."""
+
+from __future__ import annotations
+
 import os
-def open_store(url, endpoint_url=None, region=None, max_pool_connections=32):
-    if url.startswith("s3://"):
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from .base import AsyncStore, Listing, Store
+from .local import LocalStore
+
+if TYPE_CHECKING:
+    from .s3 import S3Store
+
+__all__ = ["AsyncStore", "Listing", "LocalStore", "S3Store", "Store", "open_store"]
+
+
+def __getattr__(name: str) -> object:
+    """Import S3Store (and with it boto3) only when someone asks for it."""
+    if name == "S3Store":
         from .s3 import S3Store
-        b, _, p = url[5:].partition("/")
-        return S3Store(b, p, endpoint_url=endpoint_url, region=region, max_pool_connections=max_pool_connections)
-    from .local import LocalStore
-    path = os.path.expanduser(url[7:] if url.startswith("file://") else url)
+
+        return S3Store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_store(
+    url: str,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    max_pool_connections: int = 32,
+) -> Store:
+    """The store at `url`: s3://bucket[/prefix], file:///abs/path, or a directory path."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _open_directory(os.path.expanduser(url))
+    if scheme.lower() == "file":
+        if not rest.startswith("/"):
+            raise ConfigError(f"file store URL needs an absolute path (file:///...): {url}")
+        return _open_directory(rest)
+    if scheme.lower() == "s3":
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise ConfigError(f"store URL names no bucket: {url}")
+        from .s3 import S3Store
+
+        return S3Store(bucket, prefix, endpoint_url, region, max_pool_connections)
+    raise ConfigError(f"unsupported store URL (want s3://, file:// or a path): {url}")
+
+
+def _open_directory(path: str) -> LocalStore:
+    if not path:
+        raise ConfigError("empty store path")
     if not os.path.isdir(path):
         raise ConfigError(f"store directory does not exist: {path}")
-    return LocalStore(os.path.abspath(path))
+    return LocalStore(path)

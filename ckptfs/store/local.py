@@ -109,15 +109,17 @@ class LocalStore(Store):
     def _open_temp(self, path: Path) -> tuple[Path, int, list[Path]]:
         """Create a temp file next to `path`: (its path, an fd, directories created)."""
         created: list[Path] = []
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        stem = path.name[: -len(OBJECT_SUFFIX)]
         for _ in range(MKDIR_ATTEMPTS):
-            created += self._make_dirs(path.parent)
-            stem = path.name[: -len(OBJECT_SUFFIX)]
             tmp = path.with_name(f"{stem}{TEMP_MARK}{secrets.token_hex(8)}")
             try:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                created += self._make_dirs(path.parent)
                 return tmp, os.open(tmp, flags, 0o644), created
             except FileNotFoundError:
-                continue  # a concurrent delete pruned the (empty) parent: create it again
+                if not self.root.is_dir():
+                    raise PermanentStoreError(f"store directory {self.root} is gone") from None
+                # else a concurrent delete pruned an (empty) parent: create it again
         raise TransientStoreError(f"cannot create the directory {path.parent}: keeps vanishing")
 
     def _publish(self, path: Path, fill: Callable[[int], None]) -> None:
@@ -165,21 +167,21 @@ class LocalStore(Store):
 
     def head(self, key: str) -> int | None:
         path = self._path(key)
-        try:
-            with self._errors("head", key):
+        with self._errors("head", key):
+            try:
                 return path.stat().st_size
-        except NotFoundError:
-            return None
+            except FileNotFoundError:
+                return None
 
     # -- deleting
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        try:
-            with self._errors("delete", key):
+        with self._errors("delete", key):
+            try:
                 path.unlink()
-        except NotFoundError:
-            return
+            except FileNotFoundError:
+                return
         self._prune(path.parent)
 
     def _prune(self, path: Path) -> None:

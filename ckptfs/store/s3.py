@@ -142,9 +142,11 @@ class S3Store(Store):
             except ClientError as e:
                 code, status = error_code(e)
                 if code == "NoSuchBucket" or error_class(code, status) is NotFoundError:
-                    raise PermanentStoreError(
-                        f"bucket {self.bucket} does not exist at {self.endpoint}"
-                    ) from e
+                    message = f"bucket {self.bucket} does not exist at {self.endpoint}"
+                    raise PermanentStoreError(message) from e
+                if status == 403:
+                    message = f"access to bucket {self.bucket} at {self.endpoint} denied (HTTP 403)"
+                    raise PermanentStoreError(f"{message}: check the credentials") from e
                 raise
             except (BotoConnectionError, HTTPClientError) as e:
                 raise TransientStoreError(
