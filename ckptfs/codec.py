@@ -49,8 +49,11 @@ def encode_chunk(data: Buffer) -> tuple[bytes, int]:
     return _HEADER.pack(MAGIC, CODEC_RAW, raw_len) + bytes(data), CODEC_RAW
 
 
-def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes:
-    """The raw bytes of an encoded chunk; CorruptChunkError if anything does not match."""
+def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes | memoryview:
+    """The raw bytes of an encoded chunk; CorruptChunkError if anything does not match.
+
+    A raw (uncompressed) chunk comes back as a view into `blob`, without a copy.
+    """
     if len(blob) < HEADER_SIZE:
         raise CorruptChunkError(f"chunk shorter than its header ({len(blob)} bytes)")
     magic, codec, raw_len = _HEADER.unpack_from(blob)
@@ -59,8 +62,9 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes:
     if raw_len > MAX_CHUNK_SIZE:  # a damaged header must not make lz4 allocate (or overflow)
         raise CorruptChunkError(f"chunk header length {raw_len} exceeds {MAX_CHUNK_SIZE}")
     payload = memoryview(blob)[HEADER_SIZE:]
+    data: bytes | memoryview
     if codec == CODEC_RAW:
-        data = bytes(payload)
+        data = payload
     elif codec == CODEC_LZ4:
         try:
             data = lz4.block.decompress(payload, uncompressed_size=raw_len)

@@ -167,7 +167,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
 
         def status() -> dict[str, Any]:
             st = fs.statistics()
-            st.update(pid=os.getpid(), store=p.store.url, mountpoint=cfg.mountpoint,
+            st.update(pid=os.getpid(), store=p.store.url, store_arg=cfg.store,
+                      endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
                       cache_dir=cfg.cache_dir, version=__version__,
                       uptime=round(time.time() - started, 1))
             return st
