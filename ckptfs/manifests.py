@@ -19,6 +19,7 @@ FORMAT_VERSION = 1
 INFO_KEY = "ckptfs.json"
 FILES = "files/"
 CHUNKS = "chunks/"
+INTENTS = "intents/"  # directory renames in progress (publisher.roll_forward_intents)
 #: a chunk name as codec.chunk_hash() writes it: xxh3-128 in lowercase hex
 CHUNK_NAME = re.compile(r"[0-9a-f]{32}")
 

@@ -150,7 +150,7 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
         journal_limiter = trio.CapacityLimiter(1)
         uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads)
         fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
-        publisher = Publisher(p.store, p.journal, journal_limiter)
+        publisher = Publisher(p.store, p.journal, journal_limiter, cfg.node_id)
         meta_limiter = trio.CapacityLimiter(16)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
         sock_path = control_socket_path(cfg.cache_dir)

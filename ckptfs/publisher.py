@@ -7,14 +7,19 @@ Kinds of op (journal.Op):
     delete_file path            DELETE files/<path>
     delete_dir  path            DELETE files/<path>/
     rename_file path -> path2   copy the manifest, then delete the old key
-    rename_dir  path -> path2   copy every key under files/<path>/, then delete them
+    rename_dir  path -> path2   PUT an intent record, copy every key under files/<path>/,
+                                delete the old keys, delete the intent record
 
 Every op is idempotent, so replaying the journal after a crash (at any point of an op)
-rolls it forward. Runs of deletes are sent as one batched delete.
+rolls it forward on this node. A directory rename is also recorded in the store
+(intents/<node>-<seq>.json) while it runs, so that if this node is lost halfway, the next
+mount on ANY node rolls it forward (roll_forward_intents). Runs of deletes are sent as
+one batched delete.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -24,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 import trio
 
 from . import manifests
-from .errors import NotFoundError, StoreError
+from .crashpoints import crash_point
+from .errors import FormatError, NotFoundError, StoreError
 from .journal import Journal, Op
 from .store.base import Store
 
@@ -38,8 +44,9 @@ class Publisher:
     """The single task that makes local metadata changes visible in the store."""
 
     def __init__(self, store: Store, journal: Journal,
-                 journal_limiter: trio.CapacityLimiter) -> None:
+                 journal_limiter: trio.CapacityLimiter, node_id: str = "") -> None:
         self.store = store
+        self.node_id = node_id or "node"
         self.journal = journal
         self.journal_limiter = journal_limiter
         self.limiter = trio.CapacityLimiter(1)
@@ -101,6 +108,10 @@ class Publisher:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Apply ops forever, retrying failures with backoff; cancel to stop."""
         task_status.started()
+        try:
+            await trio.to_thread.run_sync(self.roll_forward_intents, limiter=self.limiter)
+        except StoreError as e:
+            log.warning("could not check for interrupted directory renames: %s", e)
         delay = 0.2
         while True:
             async with self._changed:
@@ -125,6 +136,7 @@ class Publisher:
                 delay = min(delay * 2, 30.0)
                 continue
             delay = 0.2
+            crash_point("op_applied")
             await trio.to_thread.run_sync(self.journal.remove_ops, [op.seq for op in batch],
                                           limiter=self.journal_limiter)
             for op in batch:
@@ -162,7 +174,13 @@ class Publisher:
             self._rename_file(op.path, op.path2)
         elif op.kind == "rename_dir":
             assert op.path2 is not None
+            intent = f"{manifests.INTENTS}{self.node_id}-{op.seq}.json"
+            self.store.put(intent, json.dumps({
+                "v": 1, "op": "rename_dir", "src": op.path, "dst": op.path2,
+                "writer": self.node_id, "time": time.time()}).encode())
+            crash_point("rename_dir_intent")
             self._rename_dir(op.path, op.path2)
+            self.store.delete(intent)
         else:
             log.error("unknown op kind %r in journal, skipped", op.kind)
 
@@ -182,6 +200,7 @@ class Publisher:
         with ThreadPoolExecutor(RENAME_THREADS) as pool:
             list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
                           keys))
+        crash_point("rename_dir_copied")
         self.store.delete_many(keys)
         # a directory without a marker of its own still gets one; but on a replay the old
         # marker may already have been moved: keep that one (its mode and mtime)
@@ -189,6 +208,31 @@ class Publisher:
             self.store.put(new_prefix, b"")
         log.info("renamed directory %s -> %s (%d keys) in %.2fs", src, dst, len(keys),
                  time.monotonic() - start)
+
+    def roll_forward_intents(self) -> int:
+        """Finish directory renames that a lost or killed node left half done.
+
+        Safe to run while the renaming node is still alive: every step is idempotent.
+        """
+        done = 0
+        for key, _ in self.store.list(manifests.INTENTS, delimiter=None).objects:
+            try:
+                intent = json.loads(self.store.get(key))
+                src = manifests.check_path(str(intent["src"]))
+                dst = manifests.check_path(str(intent["dst"]))
+                if intent.get("op") != "rename_dir":
+                    raise FormatError(f"unknown intent {intent.get('op')!r}")
+            except NotFoundError:
+                continue  # its owner finished it meanwhile
+            except (ValueError, KeyError, TypeError, FormatError) as e:
+                log.error("unreadable rename intent %s left alone: %s", key, e)
+                continue
+            log.warning("rolling forward the interrupted rename %s -> %s (by node %s)",
+                        src, dst, intent.get("writer", "?"))
+            self._rename_dir(src, dst)
+            self.store.delete(key)
+            done += 1
+        return done
 
     def _copy_if_present(self, src_key: str, dst_key: str) -> None:
         try:

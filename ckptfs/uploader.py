@@ -29,6 +29,7 @@ import trio
 
 from . import codec, manifests
 from .cache import LocalCache, StagingFile
+from .crashpoints import crash_point
 from .errors import StoreError, TransientStoreError
 from .journal import Journal, PendingChunk
 from .store.base import Store
@@ -279,7 +280,9 @@ class Uploader:
                 stored = 0
             else:
                 blob, _ = codec.encode_chunk(data)
+                crash_point("chunk_before_put")
                 self.store.put(key, blob)
+                crash_point("chunk_after_put")
                 stored = len(blob)
             mine.ok = True
             return chunk_hash, stored
