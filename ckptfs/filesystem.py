@@ -38,6 +38,7 @@ from .errors import (
     NotFoundError,
     NotPermitted,
     NotSupported,
+    StoreError,
 )
 from .fetcher import Fetcher
 from .journal import Op, PendingChunk
@@ -108,6 +109,9 @@ class Node:
     opens: int = 0
     removed: bool = False
     lock: trio.Lock = field(default_factory=trio.Lock)
+    # directories: name -> [local changes not yet journaled, highest journal seq of a change]
+    # of entries changed here recently; a listing must not undo them (see _apply_listing)
+    recent: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_dir(self) -> bool:
@@ -220,19 +224,48 @@ class CheckpointFS:
             if self.publisher.is_pending(path):
                 return  # our own unapplied ops: the local view is newer than the store
             prefix = manifests.dir_prefix(path)
-            listing = await self.store.list(prefix)
+            applied_before = self.publisher.applied_seq
+            try:
+                listing = await self.store.list(prefix)
+            except StoreError as e:  # store down: serve what we know, retry after the TTL
+                log.warning("cannot list %s/ (serving the cached view): %s", path, e)
+                dnode.listed_at = time.monotonic()
+                return
+            if dnode.removed or dnode.path != path:
+                return  # moved or deleted here while listing: the listing is of the old path
             dnode.listed_at = time.monotonic()
-            await self._apply_listing(dnode, prefix, listing.objects, listing.prefixes)
+            await self._apply_listing(dnode, prefix, listing.objects, listing.prefixes,
+                                      applied_before)
 
     async def _apply_listing(self, dnode: Node, prefix: str, objects: list[tuple[str, int]],
-                             prefixes: list[str]) -> None:
+                             prefixes: list[str], applied_before: int) -> None:
+        """Merge a LIST of the directory into its children.
+
+        `applied_before` is the publisher's applied_seq when the LIST was sent: an entry
+        changed here by an op with a later seq (or not journaled yet) may be missing or
+        stale in the listing, so the listing is ignored for that name.
+        """
         assert dnode.children is not None
+        recent = dnode.recent
+        for name, (unjournaled, seq) in list(recent.items()):
+            if not unjournaled and seq <= applied_before:
+                del recent[name]  # in the store before the LIST: the listing has it
+
+        def changed_here(name: str) -> bool:
+            e = recent.get(name)
+            return e is not None and (e[0] > 0 or e[1] > applied_before)
+
         remote_dirs = {p[len(prefix):-1] for p in prefixes if len(p) > len(prefix) + 1}
         remote_files = {k[len(prefix):]: size for k, size in objects if k != prefix}
         for name in remote_dirs:
             remote_files.pop(name, None)  # a directory wins over a stray manifest
+        for name in [n for n in (*remote_dirs, *remote_files) if changed_here(n) or (
+                n not in dnode.children
+                and self.publisher.is_pending(manifests.join(dnode.path, n)))]:
+            remote_dirs.discard(name)  # deleted or renamed away here, not yet in the store
+            remote_files.pop(name, None)
         for name, child in list(dnode.children.items()):
-            if self._pinned(child):
+            if self._pinned(child) or changed_here(name):
                 continue
             if child.is_dir and name not in remote_dirs:
                 self._detach(child)
@@ -243,7 +276,7 @@ class CheckpointFS:
             child = dnode.children.get(name)
             if child is None or (not self._pinned(child) and child.manifest_key_size != size):
                 to_read.append((name, size))
-        now_ns = time.time_ns()
+        new_dirs: list[str] = []
         for name in remote_dirs:
             if name not in dnode.children:
                 try:
@@ -251,10 +284,11 @@ class CheckpointFS:
                 except Exception:
                     log.warning("skipping unsafe directory name from store: %r", name)
                     continue
-                self._new_node(dnode, name, stat.S_IFDIR | 0o755, now_ns)
-        if not to_read:
+                new_dirs.append(name)
+        if not to_read and not new_dirs:
             return
         results: dict[str, Manifest] = {}
+        markers: dict[str, DirMarker] = {}
         limiter = trio.CapacityLimiter(LIST_CONCURRENCY)
 
         async def read_one(name: str) -> None:
@@ -263,13 +297,27 @@ class CheckpointFS:
             if m is not None:
                 results[name] = m
 
+        async def read_marker(name: str) -> None:
+            async with limiter:
+                marker = await self._read_marker(manifests.join(dnode.path, name))
+            if marker is not None:
+                markers[name] = marker
+
         async with trio.open_nursery() as nursery:
             for name, _ in to_read:
                 nursery.start_soon(read_one, name)
+            for name in new_dirs:
+                nursery.start_soon(read_marker, name)
+        now_ns = time.time_ns()
+        for name in new_dirs:  # mode and mtime from the directory marker (chmod, utime)
+            if name not in dnode.children and not changed_here(name):
+                marker = markers.get(name) or DirMarker()
+                self._new_node(dnode, name, stat.S_IFDIR | stat.S_IMODE(marker.mode),
+                               marker.mtime_ns or now_ns)
         for name, size in to_read:
             m = results.get(name)
             child = dnode.children.get(name)
-            if m is None or (child is not None and self._pinned(child)):
+            if m is None or (child is not None and self._pinned(child)) or changed_here(name):
                 continue
             if child is not None and (child.is_dir or child.is_symlink != m.is_symlink):
                 self._detach(child)
@@ -288,6 +336,21 @@ class CheckpointFS:
             return None
         except (FormatError, ValueError) as e:
             log.error("unreadable manifest for %s: %s", path, e)
+            return None
+        except StoreError as e:
+            log.warning("cannot read the manifest of %s: %s", path, e)
+            return None
+
+    async def _read_marker(self, path: str) -> DirMarker | None:
+        try:
+            return DirMarker.from_json(await self.store.get(manifests.dir_key(path)))
+        except NotFoundError:
+            return None
+        except (FormatError, ValueError) as e:
+            log.error("unreadable directory marker for %s: %s", path, e)
+            return None
+        except StoreError as e:
+            log.warning("cannot read the directory marker of %s: %s", path, e)
             return None
 
     def _set_manifest(self, node: Node, m: Manifest) -> None:
@@ -327,12 +390,35 @@ class CheckpointFS:
     def _touch(self, node: Node) -> None:
         node.mtime_ns = time.time_ns()
 
+    def _changing(self, *entries: tuple[Node | None, str]) -> list[tuple[Node, str]]:
+        """Note that directory entries are being changed here (call before awaiting).
+
+        Pass the result to _submit, which records the journal seq of the change.
+        """
+        out = []
+        for dnode, name in entries:
+            if dnode is not None:
+                dnode.recent.setdefault(name, [0, 0])[0] += 1
+                out.append((dnode, name))
+        return out
+
     async def _submit(self, kind: str, path: str, path2: str | None = None,
                       body: bytes | None = None, chunks: list[PendingChunk] | None = None,
-                      wait: bool = True) -> int:
-        """Journal a metadata op (and chunks), queue it, optionally wait until applied."""
-        [seq] = await self.uploader.persist(chunks or [], [(kind, path, path2, body)])
-        await self.publisher.add(Op(seq, kind, path, path2, body))
+                      wait: bool = True, changing: list[tuple[Node, str]] | None = None
+                      ) -> int:
+        """Journal a metadata op (and chunks), queue it, optionally wait until applied.
+
+        `changing` (from _changing) are the directory entries the op changes.
+        """
+        seq = 0
+        try:
+            [seq] = await self.uploader.persist(chunks or [], [(kind, path, path2, body)])
+            await self.publisher.add(Op(seq, kind, path, path2, body))
+        finally:
+            for dnode, name in changing or ():
+                e = dnode.recent.setdefault(name, [1, 0])
+                e[0] -= 1
+                e[1] = max(e[1], seq)
         if wait:
             await self.publisher.wait_applied(seq, self.opt.publish_timeout)
         return seq
@@ -342,10 +428,12 @@ class CheckpointFS:
         await self._refresh(parent)
         self._check_name_free(parent, name)
         now = time.time_ns()
+        changing = self._changing((parent, name))
         node = self._new_node(parent, name, stat.S_IFDIR | (mode & 0o7777), now)
         node.listed_at = time.monotonic()
         self._touch(parent)
-        await self._submit("put_dir", node.path, body=DirMarker(node.mode, now).to_json())
+        await self._submit("put_dir", node.path, body=DirMarker(node.mode, now).to_json(),
+                           changing=changing)
         return node
 
     async def _writable_dir(self, inode: int) -> Node:
@@ -366,9 +454,10 @@ class CheckpointFS:
         if child.children:
             raise NotEmpty(child.path)
         path = child.path
+        changing = self._changing((child.parent, child.name))
         self._detach(child)
         self._touch(parent)
-        await self._submit("delete_dir", path, wait=False)
+        await self._submit("delete_dir", path, wait=False, changing=changing)
 
     async def unlink(self, parent_inode: int, name: str) -> None:
         parent = await self._writable_dir(parent_inode)
@@ -376,9 +465,10 @@ class CheckpointFS:
         if child.is_dir:
             raise IsADirectory(child.path)
         path = child.path
+        changing = self._changing((child.parent, child.name))
         self._detach(child)
         self._touch(parent)
-        await self._submit("delete_file", path, wait=False)
+        await self._submit("delete_file", path, wait=False, changing=changing)
 
     async def symlink(self, parent_inode: int, name: str, target: str) -> Node:
         parent = await self._writable_dir(parent_inode)
@@ -387,10 +477,11 @@ class CheckpointFS:
         now = time.time_ns()
         m = Manifest(size=len(target.encode()), mode=stat.S_IFLNK | 0o777, mtime_ns=now,
                      writer=self.opt.writer_id, target=target)
+        changing = self._changing((parent, name))
         node = self._new_node(parent, name, m.mode, now)
         self._set_manifest(node, m)
         self._touch(parent)
-        await self._submit("put_file", node.path, body=m.to_json())
+        await self._submit("put_file", node.path, body=m.to_json(), changing=changing)
         return node
 
     def readlink(self, inode: int) -> str:
@@ -428,6 +519,7 @@ class CheckpointFS:
         elif dst is not None and dst.is_dir:
             raise IsADirectory(dst.path)
         old_path = src.path
+        changing = self._changing((old_parent, old_name), (new_parent, new_name))
         if dst is not None:
             self._detach(dst)
         assert old_parent.children is not None
@@ -438,7 +530,7 @@ class CheckpointFS:
         self._touch(old_parent)
         self._touch(new_parent)
         kind = "rename_dir" if src.is_dir else "rename_file"
-        await self._submit(kind, old_path, src.path)
+        await self._submit(kind, old_path, src.path, changing=changing)
 
     # ===================================================================== attributes
     async def setattr(self, inode: int, size: int | None = None, mode: int | None = None,
@@ -457,19 +549,30 @@ class CheckpointFS:
             node.mode = stat.S_IFMT(node.mode) | (mode & 0o7777)
         if mtime_ns is not None:
             node.mtime_ns = mtime_ns
-        if (mode is not None or mtime_ns is not None) and not node.removed:
+        if node.buffer is not None and not self._has_writer(node):
+            # truncate(2) of a file nobody has open for writing: no close will publish it
+            async with node.lock:
+                if node.buffer is not None:
+                    await self._publish(node, fsync=False)
+        elif (mode is not None or mtime_ns is not None) and not node.removed:
             await self._publish_attributes(node)
         return node
+
+    def _has_writer(self, node: Node) -> bool:
+        """Whether a handle that may write (and so publishes at close) is open on the node."""
+        return any(h.node is node and h.writable for h in self.handles.values())
 
     async def _publish_attributes(self, node: Node) -> None:
         """chmod/utimens: a new manifest or marker (files being written publish at close)."""
         if node.is_dir:
             body = DirMarker(node.mode, node.mtime_ns).to_json()
-            await self._submit("put_dir", node.path, body=body, wait=False)
+            await self._submit("put_dir", node.path, body=body, wait=False,
+                               changing=self._changing((node.parent, node.name)))
         elif node.buffer is None and node.manifest is not None and not node.is_symlink:
             m = replace(node.manifest, mode=node.mode, mtime_ns=node.mtime_ns)
             node.manifest = m
-            await self._submit("put_file", node.path, body=m.to_json(), wait=False)
+            await self._submit("put_file", node.path, body=m.to_json(), wait=False,
+                               changing=self._changing((node.parent, node.name)))
 
     def xattr(self, inode: int, name: str) -> bytes:
         node = self.node(inode)
@@ -532,11 +635,14 @@ class CheckpointFS:
         """Close-to-open: re-read the manifest if older than the TTL. -> unchanged?"""
         if self._pinned(node) or node.manifest is None:
             return True
-        if time.monotonic() - node.checked_at < self.opt.metadata_ttl:
+        checked_at = node.checked_at
+        if time.monotonic() - checked_at < self.opt.metadata_ttl:
             return True
         m = await self._read_manifest(node.path)
         if m is None:
             return True  # deleted elsewhere: keep serving the version we know
+        if node.checked_at != checked_at or self._pinned(node):
+            return True  # published here meanwhile: newer than what the GET returned
         unchanged = m == node.manifest
         self._set_manifest(node, m)
         return unchanged
@@ -758,7 +864,8 @@ class CheckpointFS:
             self.cache.release_staging(st)
             return
         self.published_bytes += m.size
-        await self._submit("put_file", path, body=m.to_json(), chunks=pending)
+        await self._submit("put_file", path, body=m.to_json(), chunks=pending,
+                           changing=self._changing((node.parent, node.name)))
         self.cache.release_staging(st)
 
     @staticmethod

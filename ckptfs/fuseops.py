@@ -82,6 +82,9 @@ class FuseOps(pyfuse3.Operations):
     def __init__(self, fs: CheckpointFS) -> None:
         super().__init__()
         self.fs = fs
+        # open directories: fh -> (inode, snapshot of the entries being read)
+        self._dir_handles: dict[int, tuple[int, list[tuple[str, Node]] | None]] = {}
+        self._next_dir_fh = 1
 
     def attributes(self, node: Node) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -137,18 +140,29 @@ class FuseOps(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: Any) -> int:
         if not self.fs.node(inode).is_dir:
             raise errors.NotADirectory(str(inode))
-        return inode
+        fh = self._next_dir_fh
+        self._next_dir_fh += 1
+        self._dir_handles[fh] = (inode, None)
+        return fh
 
     @fuse_errors
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        entries = await self.fs.readdir(fh)
+        # Offsets index a snapshot taken when reading starts (offset 0): entries created
+        # or removed meanwhile must not shift the others (skipped or repeated entries).
+        inode, entries = self._dir_handles[fh]
+        if entries is None or start_id == 0:
+            entries = await self.fs.readdir(inode)
+            if fh in self._dir_handles:  # not released while listing
+                self._dir_handles[fh] = (inode, entries)
         for index, (name, node) in enumerate(entries[start_id:], start_id + 1):
+            if node.removed:
+                continue  # removed since the snapshot: may be left out (POSIX)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(node), index):
                 break
             node.lookups += 1
 
     async def releasedir(self, fh: int) -> None:
-        pass
+        self._dir_handles.pop(fh, None)
 
     @fuse_errors
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
