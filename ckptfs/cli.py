@@ -1,4 +1,4 @@
-"""The `ckptfs` command: mount, umount, status, sync. Errors are one line, no traceback."""
+"""The `ckptfs` command: mount, umount, status, sync; verify, ls, latest, fsck on a store."""
 
 from __future__ import annotations
 
@@ -6,15 +6,22 @@ import argparse
 import json
 import logging
 import os
+import re
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .config import MountConfig, parse_size
 from .errors import CkptfsError
+
+if TYPE_CHECKING:
+    from .inspection import FileReport
+    from .store.base import Store
 
 log = logging.getLogger("ckptfs")
 
@@ -271,6 +278,220 @@ def journal_counts(cache_dir: str) -> tuple[int, int]:
     return int(c), int(o)
 
 
+# ---------------------------------------------------------------------------- store tools
+#: exit status of verify/ls/latest/fsck when the check itself could not be done
+EXIT_ERROR = 2
+MOUNT_FSTYPE = "fuse.ckptfs"
+
+
+def ckptfs_mounts() -> list[str]:
+    """Mount points of every ckptfs mount on this machine (from /proc/mounts)."""
+    try:
+        with open("/proc/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == MOUNT_FSTYPE:  # '\040' etc. escape blanks
+            found.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1]))
+    return found
+
+
+def mounted_path(arg: str) -> tuple[str, str] | None:
+    """(mount point, path inside the filesystem) if `arg` lies in a ckptfs mount, else None."""
+    if "://" in arg:
+        return None
+    real = os.path.realpath(arg)
+    inside = [m for m in ckptfs_mounts() if real == m or real.startswith(m.rstrip("/") + "/")]
+    if not inside:
+        return None
+    mountpoint = max(inside, key=len)
+    rel = os.path.relpath(real, mountpoint)
+    return mountpoint, "" if rel == "." else rel
+
+
+@dataclass
+class Target:
+    """What a store tool works on: a store, a path in its filesystem, how to show paths."""
+
+    store: Store
+    path: str
+    mountpoint: str | None = None  # set when the user named a path inside a mount
+
+    def show(self, path: str) -> str:
+        """`path` (relative to the filesystem root) as the user would name it."""
+        if self.mountpoint is not None:
+            return os.path.join(self.mountpoint, path) if path else self.mountpoint
+        return path or "."
+
+
+def open_target(a: argparse.Namespace, path_arg: str | None = None) -> Target:
+    """Open the store of `a.target`: a path inside a ckptfs mount, or STORE [PATH]."""
+    from .store import open_store
+
+    mounted = mounted_path(a.target)
+    endpoint = a.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+    if mounted is not None:
+        if path_arg:
+            raise CliError(f"{a.target} is a path in a ckptfs mount; give either a mounted "
+                           f"path or STORE and a path in it, not both")
+        mountpoint, path = mounted
+        try:
+            st = next(request(mountpoint, "status"))
+        except CliError as e:
+            raise CliError(f"{e}; name the store instead: STORE [PATH]") from None
+        store_arg = str(st["store_arg"])
+        if "://" not in store_arg and not os.path.isabs(os.path.expanduser(store_arg)):
+            store_arg = str(st["store"])  # relative to the daemon's cwd: its file:// URL
+        store = open_store(store_arg, endpoint_url=a.endpoint_url or st.get("endpoint_url")
+                           or endpoint, region=getattr(a, "region", None))
+        # the mount point as the user spelled it, so printed paths match theirs
+        shown = os.path.abspath(a.target)
+        if path:
+            shown = shown[:-len(path) - 1] if shown.endswith("/" + path) else mountpoint
+        target = Target(store, path, shown)
+    else:
+        store = open_store(a.target, endpoint_url=endpoint, region=getattr(a, "region", None))
+        target = Target(store, (path_arg or "").strip("/"))
+    check = getattr(store, "check", None)
+    if check is not None:
+        check()
+    return target
+
+
+def _chunk_list(items: list[str], limit: int = 3) -> str:
+    more = f", and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def describe_file(f: FileReport, shown: str) -> str:
+    """One line saying why a file is not complete, naming its chunks and its writer."""
+    from .manifests import chunk_key
+
+    if f.error is not None:
+        return f"UNREADABLE  {shown}: manifest: {f.error}"
+    parts = []
+    if f.missing:
+        parts.append(f"{len(f.missing)} of {f.n_chunks} chunks missing (" + _chunk_list(
+            [f"#{i} {chunk_key(h)}" for i, h in f.missing]) + ")")
+    if f.corrupt:
+        parts.append(f"{len(f.corrupt)} of {f.n_chunks} chunks corrupt (" + _chunk_list(
+            [f"#{i} {chunk_key(h)}: {why}" for i, h, why in f.corrupt]) + ")")
+    writer = f.writer or "unknown"
+    return f"INCOMPLETE  {shown}: {'; '.join(parts)}; written by node {writer}"
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    from . import inspection
+
+    t = open_target(a, a.path)
+    inspection.read_info(t.store)
+    result = inspection.verify(t.store, t.path, deep=a.deep)
+    if a.json:
+        d = result.to_dict()
+        d["target"] = t.show(t.path)
+        print(json.dumps(d, indent=1))
+        return 0 if result.complete else 1
+    for f in result.incomplete_files:
+        print(describe_file(f, t.show(f.path)))
+    for p in result.problems:
+        if p.kind == inspection.RENAMING:
+            print(f"RENAMING    {t.show(p.path)}: {p.detail}")
+    size = human(sum(f.size for f in result.files))
+    how = "chunks fetched and re-hashed" if a.deep else "chunks present (--deep re-hashes them)"
+    where = t.show(result.path)
+    if result.complete:
+        print(f"complete: {len(result.files)} files, {size} under {where}; {how}")
+        return 0
+    bad = len(result.incomplete_files)
+    kinds = {k: sum(p.kind == k for p in result.problems) for k in
+             (inspection.MISSING, inspection.CORRUPT, inspection.UNREADABLE)}
+    print(f"INCOMPLETE: {bad} of {len(result.files)} files under {where} "
+          f"({kinds['missing']} missing chunks, {kinds['corrupt']} corrupt chunks, "
+          f"{kinds['unreadable']} unreadable manifests"
+          + (", a directory rename in flight" if any(
+              p.kind == inspection.RENAMING for p in result.problems) else "") + ")")
+    return 1
+
+
+def cmd_ls(a: argparse.Namespace) -> int:
+    from . import inspection
+
+    t = open_target(a, a.path)
+    inspection.read_info(t.store)
+    files = inspection.list_files(t.store, t.path, deep=a.deep)
+    if a.json:
+        print(json.dumps([{**f.to_dict(), "shown": t.show(f.path)} for f in files], indent=1))
+        return 0
+    for f in files:
+        shown = t.show(f.path)
+        if f.error is not None:
+            print(f"?---------  {'?':>12}  {'?':19}  {'?':<12}  {'unreadable':<10}  {shown}: "
+                  f"{f.error}")
+            continue
+        state = ("ok" if f.complete else f"missing {len(f.missing)}" if f.missing
+                 else f"corrupt {len(f.corrupt)}")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.mtime_ns / 1e9))
+        name = f"{shown} -> {f.target}" if f.target is not None else shown
+        print(f"{stat.filemode(f.mode)}  {f.size:>12}  {when}  {f.writer or '-':<12}  "
+              f"{state:<10}  {name}")
+    return 0
+
+
+def cmd_latest(a: argparse.Namespace) -> int:
+    from . import inspection
+
+    t = open_target(a, a.dir)
+    inspection.read_info(t.store)
+    found = inspection.latest(t.store, t.path, a.pattern, deep=a.deep)
+    if found is None:
+        print(f"ckptfs: no complete checkpoint directory matching {a.pattern!r} in "
+              f"{t.show(t.path)}", file=sys.stderr)
+        return 1
+    print(t.show(found))
+    return 0
+
+
+def cmd_fsck(a: argparse.Namespace) -> int:
+    from . import inspection
+
+    t = open_target(a)
+    r = inspection.fsck(t.store, deep=a.deep)
+    if a.json:
+        print(json.dumps(r.to_dict(), indent=1))
+        return 0 if r.clean else 1
+    if r.info is not None:
+        print(f"store        {r.url}: format {r.info.format}, chunk size "
+              f"{human(r.info.chunk_size)}, created by {r.info.created_by}")
+    else:
+        print(f"ERROR        {r.info_error}")
+    for p in r.problems:
+        print(f"{p.kind.upper():<12} {p.describe()}")
+    for h, why in r.corrupt_garbage:
+        print(f"CORRUPT      unreferenced chunk {h}: {why} (a writer deduplicating against "
+              f"it would trust it; delete the object)")
+    for i in r.intents:
+        print(f"warning      directory rename {i.src or '?'} -> {i.dst or '?'} by node "
+              f"{i.writer} is in flight or was interrupted ({i.key}); the next mount "
+              f"finishes it")
+    for key in r.strays[:20]:
+        print(f"warning      object outside the store layout: {key}")
+    if len(r.strays) > 20:
+        print(f"warning      ... and {len(r.strays) - 20} more objects outside the layout")
+    print(f"files        {r.files} ({human(r.file_bytes)}), {r.symlinks} symlinks, "
+          f"{r.dir_markers} directory markers")
+    print(f"chunks       {r.chunks_referenced} referenced, {r.chunks_stored} stored "
+          f"({human(r.stored_bytes)}), {r.garbage_chunks} unreferenced "
+          f"({human(r.garbage_bytes)}, garbage for gc, not an error)")
+    how = "every stored chunk fetched and re-hashed" if r.deep else (
+        "chunks checked for presence; --deep re-hashes them")
+    print(f"{'clean' if r.clean else 'PROBLEMS':<12} "
+          f"{len(r.problems) + len(r.corrupt_garbage) + (r.info is None)} problems; {how}")
+    return 0 if r.clean else 1
+
+
 # ---------------------------------------------------------------------------- main
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -325,7 +546,89 @@ def parser() -> argparse.ArgumentParser:
     y.add_argument("mountpoint")
     y.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
     y.set_defaults(func=cmd_sync)
+    add_store_tools(sub)
     return p
+
+
+STORE_HELP = ("TARGET is a path inside a ckptfs mount (its store is found through the mount's "
+              "daemon) or a STORE: s3://bucket[/prefix], file:///path or a directory, "
+              "optionally followed by a path inside that filesystem. Works from any machine "
+              "that can reach the store; no mount needed. It sees what is in the store: a "
+              "file still open, or closed but not yet published on its node, is not there.")
+
+
+def add_store_tools(sub: Any) -> None:
+    """Parsers of verify, ls, latest and fsck (exit 2 when the check cannot be done)."""
+
+    def common(p: argparse.ArgumentParser, deep: str) -> None:
+        p.add_argument("--deep", action="store_true", help=deep)
+        p.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
+                       "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+        p.add_argument("--region", help="S3 region (default: the AWS config chain)")
+        p.set_defaults(error_exit=EXIT_ERROR)
+
+    deep_help = ("fetch every chunk and re-hash it (finds corrupt chunks; reads all the data) "
+                 "instead of only checking that it exists")
+    v = sub.add_parser(
+        "verify", help="is a checkpoint completely in the store?",
+        description="Check that every chunk of every file under PATH (a file or a directory, "
+        "recursively) is in the store, so that any node can read it. Prints one line per "
+        "incomplete file, naming its missing or corrupt chunks and the node that wrote it, "
+        "then a summary. Exit status: 0 complete, 1 incomplete, 2 the check could not be "
+        "done. " + STORE_HELP,
+        epilog="examples: ckptfs verify /mnt/ckpt/step-1000 | "
+        "ckptfs verify s3://bucket/run7 step-1000 --deep")
+    v.add_argument("target", metavar="TARGET", help="mounted path, or STORE")
+    v.add_argument("path", metavar="PATH", nargs="?", default="",
+                   help="with STORE: the file or directory to check (default: everything)")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    common(v, deep_help)
+    v.set_defaults(func=cmd_verify)
+
+    ls = sub.add_parser(
+        "ls", help="list files in a store with size, mtime, writer and completeness",
+        description="List every file under PATH (recursively) like `ls -l`: mode, size in "
+        "bytes, mtime, the node that wrote it, and its state: ok, `missing N` (N chunks not "
+        "in the store), `corrupt N` (with --deep) or unreadable. Exit 0 when the listing "
+        "worked, 2 when not. " + STORE_HELP)
+    ls.add_argument("target", metavar="TARGET", help="mounted path, or STORE")
+    ls.add_argument("path", metavar="PATH", nargs="?", default="",
+                    help="with STORE: the file or directory to list (default: everything)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    common(ls, deep_help)
+    ls.set_defaults(func=cmd_ls)
+
+    la = sub.add_parser(
+        "latest", help="the newest complete checkpoint directory",
+        description="Print the newest COMPLETE checkpoint directory directly under DIR whose "
+        "name matches --pattern: relative to the filesystem root with STORE DIR, absolute "
+        "when TARGET is a mounted directory. Newest = the largest numbers in the name when "
+        "every candidate has one (checkpoint-100 after checkpoint-99), else the latest file "
+        "mtime. Directories without files, with missing chunks, or in a directory rename in "
+        "flight are skipped: resume from what this prints. Exit 1 with a message when there "
+        "is none, 2 when the check could not be done. " + STORE_HELP,
+        epilog="example: ckptfs latest /mnt/ckpt/run7 --pattern 'checkpoint-*'")
+    la.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
+    la.add_argument("dir", metavar="DIR", nargs="?", default="",
+                    help="with STORE: the directory holding the checkpoints (default: root)")
+    la.add_argument("--pattern", default="*", help="shell pattern of checkpoint directory "
+                    "names, e.g. 'checkpoint-*', 'global_step*', 'step-*' (default: '*')")
+    common(la, deep_help)
+    la.set_defaults(func=cmd_latest)
+
+    fk = sub.add_parser(
+        "fsck", help="check a whole store",
+        description="Check the whole store: ckptfs.json, every manifest (unreadable ones are "
+        "listed), every chunk a manifest names (missing ones are listed with the file and "
+        "the writer node), interrupted directory renames, and count the unreferenced chunks "
+        "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
+        "1 problems found, 2 the check could not be done. TARGET is a STORE "
+        "(s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs mount.")
+    fk.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
+    fk.add_argument("--json", action="store_true", help="machine-readable output")
+    common(fk, "fetch and re-hash every stored chunk, referenced or not (reads the whole "
+           "store) instead of only checking that referenced chunks exist")
+    fk.set_defaults(func=cmd_fsck)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except (CliError, CkptfsError) as e:
         print(f"ckptfs: {e}", file=sys.stderr)
-        return 1
+        return int(getattr(args, "error_exit", 1))
     except KeyboardInterrupt:
         print("ckptfs: interrupted", file=sys.stderr)
         return 130

@@ -201,7 +201,9 @@ class Publisher:
             list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
                           keys))
         crash_point("rename_dir_copied")
-        self.store.delete_many(keys)
+        # children before their directory's marker: some stores (SeaweedFS) keep a marker
+        # deleted while its directory still has entries
+        self.store.delete_many(sorted(keys, reverse=True))
         # a directory without a marker of its own still gets one; but on a replay the old
         # marker may already have been moved: keep that one (its mode and mtime)
         if old_prefix not in keys and self.store.head(new_prefix) is None:

@@ -1,0 +1,302 @@
+"""Store tools (inspection.py and `ckptfs verify/ls/latest/fsck`) on crafted and real stores.
+
+Most tests craft the store directly (chunks + manifests, as a writer would PUT them), on a
+directory store and on real SeaweedFS S3; one goes through a real mount and `ckptfs sync`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mounting import Mount, run_cli
+from seaweed import SeaweedServer
+
+from ckptfs import inspection, manifests
+from ckptfs.codec import HEADER_SIZE, chunk_hash, encode_chunk
+from ckptfs.manifests import Manifest, StoreInfo
+from ckptfs.store.base import Store
+from ckptfs.store.local import LocalStore
+from ckptfs.store.s3 import S3Store
+
+CHUNK = 64 * 1024
+T0 = 1_700_000_000 * 10**9  # a fixed mtime, in ns
+
+
+# ---------------------------------------------------------------------------- crafting
+def new_store(store: Store) -> Store:
+    store.put(manifests.INFO_KEY, StoreInfo(chunk_size=CHUNK).to_json())
+    return store
+
+
+def put_file(store: Store, path: str, data: bytes, writer: str = "node-a",
+             mtime_ns: int = T0, skip: tuple[int, ...] = ()) -> list[str]:
+    """Write a file as a writer would: its chunks (except indexes in `skip`), its manifest."""
+    hashes = []
+    chunks = []
+    for i, start in enumerate(range(0, len(data), CHUNK)):
+        piece = data[start:start + CHUNK]
+        h = chunk_hash(piece)
+        hashes.append(h)
+        chunks.append((h, len(piece)))
+        if i not in skip:
+            store.put(manifests.chunk_key(h), encode_chunk(piece)[0])
+    m = Manifest(size=len(data), mode=0o100644, mtime_ns=mtime_ns, chunks=tuple(chunks),
+                 chunk_size=CHUNK, writer=writer)
+    store.put(manifests.file_key(path), m.to_json())
+    return hashes
+
+
+def flip_byte(store: Store, chunk: str) -> None:
+    """Damage one payload byte of a stored chunk (random data: stored raw)."""
+    key = manifests.chunk_key(chunk)
+    blob = bytearray(store.get(key))
+    blob[HEADER_SIZE + 10] ^= 0xFF
+    store.put(key, bytes(blob))
+
+
+def data(n: int, seed: int = 0) -> bytes:
+    return (seed.to_bytes(4, "little") + os.urandom(n))[:n]
+
+
+def checkpoint(store: Store, dir_path: str, writer: str = "node-a", mtime_ns: int = T0,
+               skip: tuple[int, ...] = ()) -> None:
+    put_file(store, f"{dir_path}/model.pt", data(3 * CHUNK + 100), writer, mtime_ns, skip)
+    put_file(store, f"{dir_path}/config.json", b'{"lr": 0.1}', writer, mtime_ns)
+
+
+# ---------------------------------------------------------------------------- fixtures
+class StoreUnderTest:
+    """A store object plus the CLI arguments that name the same store."""
+
+    def __init__(self, store: Store, url: str, extra: list[str]) -> None:
+        self.store = new_store(store)
+        self.url = url
+        self.extra = extra
+
+    def cli(self, command: str, *args: str, check: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+        return run_cli(command, self.url, *args, *self.extra, check=check, timeout=60)
+
+
+def s3_url(store: S3Store) -> str:
+    return f"s3://{store.bucket}/{store.prefix.rstrip('/')}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def st(request: pytest.FixtureRequest) -> StoreUnderTest:
+    if request.param == "local":
+        local: LocalStore = request.getfixturevalue("local_store")
+        return StoreUnderTest(local, str(local.root), [])
+    s3: S3Store = request.getfixturevalue("s3_store")
+    return StoreUnderTest(s3, s3_url(s3), ["--endpoint-url", s3.endpoint])
+
+
+@pytest.fixture
+def local(local_store: LocalStore) -> LocalStore:
+    new_store(local_store)
+    return local_store
+
+
+# ---------------------------------------------------------------------------- unit tier
+def test_complete_file(st: StoreUnderTest) -> None:
+    checkpoint(st.store, "step-1")
+    files = inspection.list_files(st.store)
+    assert [f.path for f in files] == ["step-1/config.json", "step-1/model.pt"]
+    model = files[1]
+    assert (model.size, model.n_chunks, model.writer, model.mtime_ns) == (
+        3 * CHUNK + 100, 4, "node-a", T0)
+    assert model.complete and not model.missing and not model.corrupt
+    assert inspection.list_files(st.store, "step-1/model.pt")[0].size == 3 * CHUNK + 100
+    assert inspection.verify(st.store, "step-1", deep=True).complete
+
+    r = st.cli("verify", "step-1")
+    assert r.returncode == 0, r.stderr
+    assert "complete: 2 files" in r.stdout
+    r = st.cli("ls", "--json")
+    listed = {f["path"]: f for f in json.loads(r.stdout)}
+    assert listed["step-1/model.pt"]["complete"] and listed["step-1/model.pt"]["chunks"] == 4
+
+
+def test_missing_chunk_names_the_chunk_and_the_writer(st: StoreUnderTest) -> None:
+    checkpoint(st.store, "step-1")
+    hashes = put_file(st.store, "step-2/model.pt", data(3 * CHUNK), writer="node-7",
+                      skip=(1,))
+    result = inspection.verify(st.store, "step-2")
+    assert not result.complete
+    [p] = result.problems
+    assert (p.path, p.kind, p.chunk, p.index, p.writer) == (
+        "step-2/model.pt", "missing", hashes[1], 1, "node-7")
+    assert inspection.verify(st.store, "step-1").complete
+
+    r = st.cli("verify", "step-2")
+    assert r.returncode == 1
+    out = r.stdout
+    assert "INCOMPLETE  step-2/model.pt" in out and "node-7" in out
+    assert manifests.chunk_key(hashes[1]) in out and "1 of 3 chunks missing" in out
+    assert out.strip().splitlines()[-1].startswith("INCOMPLETE: 1 of 1 files")
+    r = st.cli("ls", "step-2")
+    assert "missing 1" in r.stdout and "node-7" in r.stdout
+
+
+def test_corrupt_chunk_is_found_only_deep(st: StoreUnderTest) -> None:
+    hashes = put_file(st.store, "step-1/model.pt", data(2 * CHUNK))
+    flip_byte(st.store, hashes[0])
+    assert inspection.verify(st.store, "step-1").complete  # HEAD cannot see it
+    deep = inspection.verify(st.store, "step-1", deep=True)
+    assert [(p.kind, p.chunk, p.writer) for p in deep.problems] == [
+        ("corrupt", hashes[0], "node-a")]
+    assert st.cli("verify", "step-1").returncode == 0
+    r = st.cli("verify", "step-1", "--deep")
+    assert r.returncode == 1 and "corrupt" in r.stdout
+
+
+def test_latest_orders_by_number_and_skips_incomplete(st: StoreUnderTest) -> None:
+    for n in (2, 9, 10):
+        checkpoint(st.store, f"run/checkpoint-{n}", mtime_ns=T0 - n)  # mtimes disagree
+    checkpoint(st.store, "run/checkpoint-11", writer="node-dead", skip=(2,))
+    st.store.put(manifests.dir_key("run/checkpoint-12"), b"")  # no files: not a checkpoint
+    checkpoint(st.store, "run/other-99")
+    assert inspection.latest(st.store, "run", "checkpoint-*") == "run/checkpoint-10"
+    assert inspection.latest(st.store, "run") == "run/other-99"
+    assert inspection.latest(st.store, "run", "nothing-*") is None
+
+    r = st.cli("latest", "run", "--pattern", "checkpoint-*")
+    assert (r.returncode, r.stdout) == (0, "run/checkpoint-10\n")
+    r = st.cli("latest", "run", "--pattern", "nothing-*")
+    assert r.returncode == 1 and "no complete checkpoint" in r.stderr
+
+
+def test_latest_without_numbers_uses_mtime(local: LocalStore) -> None:
+    checkpoint(local, "ck/alpha", mtime_ns=T0 + 5)
+    checkpoint(local, "ck/beta", mtime_ns=T0 + 9)
+    checkpoint(local, "ck/gamma", mtime_ns=T0 + 20, skip=(0,))
+    checkpoint(local, "ck/delta", mtime_ns=T0 + 1)
+    assert inspection.latest(local, "ck") == "ck/beta"
+
+
+def test_rename_in_flight_is_not_complete(local: LocalStore) -> None:
+    checkpoint(local, "run/step-1")
+    checkpoint(local, "run/step-2")  # half copied from run/tmp-2 by a rename in flight
+    local.put("intents/node-b-7.json", json.dumps(
+        {"v": 1, "op": "rename_dir", "src": "run/tmp-2", "dst": "run/step-2",
+         "writer": "node-b"}).encode())
+    assert inspection.latest(local, "run", "step-*") == "run/step-1"
+    result = inspection.verify(local, "run/step-2")
+    assert [(p.kind, p.writer) for p in result.problems] == [("renaming", "node-b")]
+    assert inspection.verify(local, "run/step-1").complete
+    report = inspection.fsck(local)
+    assert report.clean and [i.dst for i in report.intents] == ["run/step-2"]
+
+
+def test_symlinks_unreadable_manifests_and_missing_paths(local: LocalStore) -> None:
+    link = Manifest(size=8, mode=0o120777, mtime_ns=T0, target="step-1/x", writer="n")
+    local.put(manifests.file_key("latest"), link.to_json())
+    local.put(manifests.file_key("broken"), b"{not json")
+    files = {f.path: f for f in inspection.list_files(local)}
+    assert files["latest"].complete and files["latest"].target == "step-1/x"
+    assert not files["broken"].complete and "not valid" in (files["broken"].error or "")
+    with pytest.raises(inspection.NoEntry):
+        inspection.verify(local, "no/such/dir")
+
+
+def test_fsck(st: StoreUnderTest) -> None:
+    checkpoint(st.store, "step-1")
+    garbage = data(1000, seed=99)
+    st.store.put(manifests.chunk_key(chunk_hash(garbage)), encode_chunk(garbage)[0])
+    report = inspection.fsck(st.store, deep=True)
+    assert report.clean, report.to_dict()
+    assert (report.files, report.chunks_referenced, report.garbage_chunks) == (2, 5, 1)
+    r = st.cli("fsck")
+    assert r.returncode == 0 and "1 unreferenced" in r.stdout
+
+    hashes = put_file(st.store, "step-2/model.pt", data(2 * CHUNK))
+    flip_byte(st.store, hashes[1])
+    assert st.cli("fsck").returncode == 0
+    r = st.cli("fsck", "--deep")
+    assert r.returncode == 1, r.stdout
+    assert "CORRUPT" in r.stdout and hashes[1] in r.stdout
+
+    st.store.put(manifests.file_key("step-3/bad"), b'{"v": 1, "size": "x"}')
+    missing = put_file(st.store, "step-3/model.pt", data(CHUNK), writer="node-9", skip=(0,))
+    report = inspection.fsck(st.store)
+    assert not report.clean
+    assert {(p.path, p.kind) for p in report.problems} == {
+        ("step-3/bad", "unreadable"), ("step-3/model.pt", "missing")}
+    r = st.cli("fsck", "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 1 and not d["clean"]
+    assert {"path": "step-3/model.pt", "kind": "missing", "chunk": missing[0], "index": 0,
+            "writer": "node-9", "detail": None} in d["problems"]
+
+
+def test_fsck_without_store_info(local_store: LocalStore) -> None:
+    put_file(local_store, "a", b"x")
+    report = inspection.fsck(local_store)
+    assert not report.clean and "no ckptfs.json" in (report.info_error or "")
+
+
+def test_errors_are_one_line_with_exit_2(tmp_path: Path, seaweed: SeaweedServer) -> None:
+    cases = [
+        ("verify", str(tmp_path / "nowhere")),
+        ("ls", str(tmp_path)),  # a directory, but not a store
+        ("fsck", f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}", "--endpoint-url",
+         seaweed.endpoint),
+        ("latest", "ftp://x/y"),
+    ]
+    for args in cases:
+        r = run_cli(*args, check=False, timeout=60)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("ckptfs: ") and r.stderr.count("\n") == 1, r.stderr
+    (tmp_path / "s").mkdir()
+    store = new_store(LocalStore(tmp_path / "s"))
+    r = run_cli("verify", str(tmp_path / "s"), "no/such/file", check=False)
+    assert r.returncode == 2 and "no such file or directory in the store" in r.stderr
+    store.put(manifests.INFO_KEY, b'{"format": 99, "chunk_size": 65536}')
+    r = run_cli("ls", str(tmp_path / "s"), check=False)
+    assert r.returncode == 2 and "newer than this ckptfs" in r.stderr
+
+
+# ---------------------------------------------------------------------------- a real mount
+@pytest.fixture
+def s3_mount(s3_store: S3Store, tmp_path: Path) -> Iterator[tuple[Mount, S3Store]]:
+    m = Mount(s3_url(s3_store), tmp_path, "writer",
+              extra=["--endpoint-url", s3_store.endpoint, "--chunk-size", "64K"])
+    try:
+        yield m.mount(), s3_store
+    finally:
+        m.cleanup()
+
+
+def test_mounted_paths_and_the_writer_that_died(s3_mount: tuple[Mount, S3Store]) -> None:
+    m, store = s3_mount
+    (m / "run").mkdir()
+    (m / "run" / "step-10").mkdir()
+    payload = data(5 * CHUNK + 7)
+    (m / "run" / "step-10" / "model.pt").write_bytes(payload)
+    (m / "run" / "step-10" / "meta.json").write_text("{}")
+    run_cli("sync", str(m.path), timeout=60)
+
+    r = run_cli("verify", str(m / "run" / "step-10"), check=False, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "complete: 2 files" in r.stdout and str(m / "run" / "step-10") in r.stdout
+    r = run_cli("ls", s3_url(store), "--endpoint-url", store.endpoint, timeout=60)
+    lines = r.stdout.splitlines()
+    model = next(line for line in lines if line.endswith("run/step-10/model.pt"))
+    assert str(5 * CHUNK + 7) in model and "writer-mnt" in model and " ok " in model
+
+    # another node saved step-20, published its manifest, and died before uploading
+    put_file(store, "run/step-20/model.pt", data(2 * CHUNK), writer="node-dead", skip=(1,))
+    r = run_cli("verify", str(m / "run" / "step-20"), check=False, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "node-dead" in r.stdout and str(m / "run" / "step-20" / "model.pt") in r.stdout
+    r = run_cli("latest", str(m / "run"), "--pattern", "step-*", timeout=60)
+    assert r.stdout == f"{m / 'run' / 'step-10'}\n"
+    r = run_cli("fsck", str(m.path), check=False, timeout=60)
+    assert r.returncode == 1 and "node-dead" in r.stdout
+    m.umount()

@@ -1,0 +1,206 @@
+"""Many nodes, one store: several mounts of one SeaweedFS bucket, each with its own cache.
+
+Covers close-to-open visibility, directory operations seen across mounts, overwrite races,
+the real multi-rank checkpoint patterns (torch.distributed.checkpoint, Orbax, HF Trainer,
+DeepSpeed) and a directory rename killed halfway.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from mounting import Mount
+from seaweed import SeaweedServer
+
+
+@pytest.fixture
+def cluster(seaweed: SeaweedServer, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
+    """A factory of mounted nodes on one fresh bucket; all unmounted at the end."""
+    url = f"s3://{seaweed.new_bucket()}/job-{uuid.uuid4().hex[:6]}"
+    made: list[Mount] = []
+
+    def node(name: str, *extra: str, env: dict[str, str] | None = None) -> Mount:
+        m = Mount(url, tmp_path, name, env=env,
+                  extra=["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M", *extra])
+        made.append(m)
+        return m.mount()
+
+    yield node
+    for m in made:
+        m.cleanup()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll `check` (an OSError counts as False) until true, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def test_close_to_open_and_directories_across_nodes(cluster: Callable[..., Mount]) -> None:
+    a, b, c = cluster("a"), cluster("b"), cluster("c")
+    data = os.urandom(3 * 2**20 + 17)
+    (a / "step-1").mkdir()
+    (a / "empty-dir").mkdir()
+    with open(a / "step-1" / "w.pt", "wb") as f:
+        f.write(data)
+    # closed on A: B and C see it within the metadata TTL, with its size and bytes
+    eventually(lambda: (b / "step-1" / "w.pt").exists())
+    assert (b / "step-1" / "w.pt").stat().st_size == len(data)
+    assert (c / "step-1" / "w.pt").read_bytes() == data
+    assert (c / "empty-dir").is_dir()
+    assert abs((b / "step-1" / "w.pt").stat().st_mtime - (a / "step-1" / "w.pt").stat().st_mtime) < 1
+    # a rename on B and an rmtree on C are observed everywhere
+    (b / "step-1").rename(b / "step-1-final")
+    eventually(lambda: (a / "step-1-final" / "w.pt").exists())
+    eventually(lambda: not (a / "step-1").exists())
+    assert (a / "step-1-final" / "w.pt").read_bytes() == data
+    eventually(lambda: (c / "step-1-final" / "w.pt").exists())
+    shutil.rmtree(c / "step-1-final")
+    eventually(lambda: not (a / "step-1-final").exists() and not (b / "step-1-final").exists())
+
+
+def test_overwrite_race_ends_with_one_whole_version(cluster: Callable[..., Mount]) -> None:
+    a, b = cluster("a"), cluster("b")
+    versions = {name: bytes([i]) * (2 * 2**20 + 5) for i, name in enumerate(("a", "b"))}
+
+    def writer(m: Mount, body: bytes) -> None:
+        for _ in range(5):
+            with open(m / "latest.pt", "wb") as f:
+                f.write(body)
+
+    threads = [threading.Thread(target=writer, args=(m, versions[n]))
+               for n, m in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a.umount()
+    b.umount()
+    c = cluster("c")
+    seen = (c / "latest.pt").read_bytes()
+    assert seen in versions.values()  # one version, never a mix of the two
+
+
+DCP_SCRIPT = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    rank, world, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    ckpt_dir = sys.argv[5 + rank]        # each rank saves through its own node's mount
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    torch.manual_seed(100 + rank)
+    state = {f"rank{rank}.w{i}": torch.randn(256, 1024) for i in range(4)}
+    state["shared"] = torch.arange(1000.0)
+    if mode == "save":
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt_dir))
+    else:
+        target = {k: torch.zeros_like(v) for k, v in state.items()}
+        dcp.load(target, storage_reader=dcp.FileSystemReader(ckpt_dir))
+        for k, v in state.items():
+            assert torch.equal(target[k], v), k
+        print("rank", rank, "verified", len(target))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def run_ranks(tmp_path: Path, mode: str, dirs: list[Path]) -> None:
+    script = tmp_path / "dcp_job.py"
+    script.write_text(DCP_SCRIPT)
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(len(dirs)), str(port),
+                               mode, *map(str, dirs)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(len(dirs))]
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+
+
+def test_torch_distributed_checkpoint_across_nodes(cluster: Callable[..., Mount],
+                                                   tmp_path: Path) -> None:
+    a, b = cluster("a"), cluster("b")
+    run_ranks(tmp_path, "save", [a / "dcp" / "step-5", b / "dcp" / "step-5"])
+    a.umount()
+    b.umount()
+    # load on swapped, fresh nodes: rank 0 reads through what was node b's view and v.v.
+    c, d = cluster("c"), cluster("d")
+    names = sorted(p.name for p in (c / "dcp" / "step-5").iterdir())
+    assert ".metadata" in names and sum(n.endswith(".distcp") for n in names) == 2
+    run_ranks(tmp_path, "load", [d / "dcp" / "step-5", c / "dcp" / "step-5"])
+
+
+def test_orbax_style_tmp_dir_commit(cluster: Callable[..., Mount]) -> None:
+    a, b, c = cluster("a"), cluster("b"), cluster("c")
+    tmp = "100.orbax-checkpoint-tmp-1234"
+    (a / tmp).mkdir()
+    shards = {}
+    for i, m in enumerate((a, b)):  # both ranks write into the tmp dir, each on its node
+        eventually(lambda m=m: (m / tmp).is_dir())
+        shards[f"shard{i}"] = os.urandom(2 * 2**20 + i)
+        (m / tmp / f"shard{i}").write_bytes(shards[f"shard{i}"])
+    eventually(lambda: len(list((a / tmp).iterdir())) == 2)
+    (a / tmp).rename(a / "100")  # rank 0 commits by renaming the directory
+    eventually(lambda: (c / "100").is_dir() and not (c / tmp).exists())
+    for name, data in shards.items():
+        assert (c / "100" / name).read_bytes() == data
+
+
+def test_hf_trainer_rotation_and_deepspeed_latest(cluster: Callable[..., Mount]) -> None:
+    a, b = cluster("a"), cluster("b")
+    for step in (10, 20, 30):
+        for rank, m in enumerate((a, b)):
+            d = m / f"checkpoint-{step}"
+            d.mkdir(exist_ok=True)
+            torch.save({"rank": rank, "step": step, "w": torch.randn(64, 64)},
+                       d / f"rng_state_{rank}.pth")
+        (a / "latest").write_text(f"global_step{step}")  # DeepSpeed: rewritten in place
+        eventually(lambda step=step: (b / "latest").read_text() == f"global_step{step}")
+        kept = sorted(p for p in a.path.glob("checkpoint-*"))
+        for old in kept[:-2]:  # save_total_limit=2: rank 0 rotates with rmtree
+            eventually(lambda old=old: len(list(old.iterdir())) == 2)
+            shutil.rmtree(old)
+    eventually(lambda: sorted(p.name for p in b.path.glob("checkpoint-*")) ==
+               ["checkpoint-20", "checkpoint-30"])
+    assert torch.load(b / "checkpoint-30" / "rng_state_0.pth")["step"] == 30
+
+
+def test_directory_rename_killed_halfway_is_completed_by_the_next_mount(
+        cluster: Callable[..., Mount]) -> None:
+    env = {**os.environ, "CKPTFS_CRASH_AT": "rename_dir_copied"}
+    a = cluster("a", env=env)
+    files = {f"f{i}": os.urandom(300_000 + i) for i in range(20)}
+    (a / "tmp-ckpt").mkdir()
+    for name, data in files.items():
+        (a / "tmp-ckpt" / name).write_bytes(data)
+    try:
+        (a / "tmp-ckpt").rename(a / "step-7")  # the daemon dies after copying, before deleting
+    except OSError:
+        pass
+    a.wait_exit(30)
+    a.cleanup()
+    b = cluster("b")  # another node: rolls the rename forward at mount
+    eventually(lambda: (b / "step-7").is_dir() and not (b / "tmp-ckpt").exists(), timeout=15)
+    assert sorted(p.name for p in (b / "step-7").iterdir()) == sorted(files)
+    for name, data in files.items():
+        assert (b / "step-7" / name).read_bytes() == data
