@@ -112,6 +112,14 @@ class LocalCache:
         if chunk_hash not in self._in_staging:
             self._in_staging[chunk_hash] = (st, offset, length)
 
+    def staging_fds(self, chunk_hashes: list[str]) -> set[int]:
+        """The open staging files that hold any of these chunks."""
+        return {self._in_staging[h][0].fd for h in chunk_hashes if h in self._in_staging}
+
+    def forget_staged(self, chunk_hash: str) -> None:
+        """Stop serving a chunk from staging (its staged bytes were found damaged)."""
+        self._in_staging.pop(chunk_hash, None)
+
     def release_staging(self, st: StagingFile) -> None:
         """Called when a staging file may have become clean: make it evictable, or drop it."""
         if st.writers or st.pending or st.id not in self.staging:

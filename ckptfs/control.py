@@ -2,7 +2,8 @@
 
 Protocol: the client sends one JSON line {"cmd": "status"} or {"cmd": "sync"}; the server
 answers JSON lines. `status` answers once. `sync` answers a status line every half
-second until everything closed so far is in the store, then {"done": true, ...}.
+second until everything closed before the request is in the store (later saves do
+not delay it), then {"done": true, ...}.
 Only the mount's owner (or root) may connect (checked with SO_PEERCRED).
 """
 
@@ -27,10 +28,12 @@ class ControlServer:
     """Serves status/sync requests in the mount's nursery."""
 
     def __init__(self, path: str, status: Callable[[], dict[str, Any]],
-                 durable: Callable[[], bool], changed: Callable[[], Any]) -> None:
+                 sync_target: Callable[[], Any], reached: Callable[[Any], bool],
+                 changed: Callable[[], Any]) -> None:
         self.path = path
         self.status = status
-        self.durable = durable
+        self.sync_target = sync_target  # what is journaled now
+        self.reached = reached  # is that target in the store?
         self.changed = changed  # async: returns after the next upload progress
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -71,7 +74,8 @@ class ControlServer:
                 if cmd == "status":
                     await self._send(stream, self.status())
                 elif cmd == "sync":
-                    while not self.durable():
+                    target = self.sync_target()
+                    while not self.reached(target):
                         await self._send(stream, {"progress": self.status()})
                         with trio.move_on_after(PROGRESS_INTERVAL):
                             await self.changed()

@@ -73,6 +73,10 @@ class NotADirectory(FsError):
     """A directory operation on a non-directory (ENOTDIR)."""
 
 
+class NameTooLong(FsError):
+    """A name longer than the stores can hold (ENAMETOOLONG)."""
+
+
 class NotPermitted(FsError):
     """Operation not permitted (EPERM): hard links, chown to another user."""
 

@@ -37,6 +37,8 @@ from .errors import (
     NotEmpty,
     NotFoundError,
     NotPermitted,
+    InvalidKeyError,
+    NameTooLong,
     NotSupported,
     StoreError,
 )
@@ -53,6 +55,7 @@ ROOT_INODE = 1
 STATE_XATTR = "user.ckptfs.state"
 CONTROL_XATTR = "user.ckptfs.control"
 LIST_CONCURRENCY = 32
+NAME_MAX = 240  # bytes; below 255 so that every store can hold the name plus its suffixes
 
 
 @dataclass
@@ -340,6 +343,9 @@ class CheckpointFS:
         except StoreError as e:
             log.warning("cannot read the manifest of %s: %s", path, e)
             return None
+        except InvalidKeyError as e:
+            log.error("skipping an unsafe name in the store: %s", e)
+            return None
 
     async def _read_marker(self, path: str) -> DirMarker | None:
         try:
@@ -351,6 +357,9 @@ class CheckpointFS:
             return None
         except StoreError as e:
             log.warning("cannot read the directory marker of %s: %s", path, e)
+            return None
+        except InvalidKeyError as e:
+            log.error("skipping an unsafe name in the store: %s", e)
             return None
 
     def _set_manifest(self, node: Node, m: Manifest) -> None:
@@ -386,6 +395,17 @@ class CheckpointFS:
             raise Exists(manifests.join(parent.path, name))
         if "/" in name or "\0" in name or name in (".", ".."):
             raise InvalidArgument(name)
+        self._check_name(name)
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        """Names must be UTF-8 (store keys are) and at most NAME_MAX bytes."""
+        try:
+            encoded = name.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"file name is not UTF-8: {name!r}") from None
+        if len(encoded) > NAME_MAX:
+            raise NameTooLong(name)
 
     def _touch(self, node: Node) -> None:
         node.mtime_ns = time.time_ns()
@@ -499,6 +519,7 @@ class CheckpointFS:
         assert new_parent.children is not None
         if "/" in new_name or "\0" in new_name:
             raise InvalidArgument(new_name)
+        self._check_name(new_name)
         dst = new_parent.children.get(new_name)
         if dst is src:
             return
@@ -588,6 +609,8 @@ class CheckpointFS:
         if node.buffer is not None:
             return "open"
         m = node.manifest
+        if not node.removed and self.publisher.is_pending(node.path):
+            return "pending"  # its manifest is not in the store yet
         if m is None or m.is_symlink:
             return "durable"
         hashes = [h for h, _ in m.chunks]
@@ -671,6 +694,11 @@ class CheckpointFS:
         async with node.lock:
             if node.buffer is not None:
                 await self._publish(node, fsync=True)
+            elif node.manifest is not None:  # closed earlier: make its staged bytes durable
+                fds = self.cache.staging_fds([h for h, _ in node.manifest.chunks
+                                              if self.uploader.is_pending(h)])
+                for fd in fds:
+                    await trio.to_thread.run_sync(os.fsync, fd, limiter=self._hash_limiter)
         if self.opt.fsync_to_store:
             await self.wait_durable(node)
 
@@ -680,12 +708,21 @@ class CheckpointFS:
             await self.uploader.wait_changed()
         await self.publisher.wait_empty()
 
-    def release(self, fh: int) -> None:
+    async def release(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
         if h is None:
             return
-        h.node.opens -= 1
-        self._maybe_drop(h.node)
+        node = h.node
+        if h.writable and node.buffer is not None and not self._has_writer(node):
+            # written after the last flush (e.g. through a shared mmap): publish now
+            async with node.lock:
+                if node.buffer is not None:
+                    try:
+                        await self._publish(node, fsync=False)
+                    except Exception:
+                        log.exception("could not publish %s at release", node.path)
+        node.opens -= 1
+        self._maybe_drop(node)
 
     # ===================================================================== write path
     def _aligned(self, m: Manifest) -> bool:
@@ -733,10 +770,13 @@ class CheckpointFS:
         self.cache.set_dirty(buf.staging, start, max(end - start, 0))
 
     async def _wait_for_space(self) -> None:
-        """Back-pressure: block while dirty data is at the cache limit."""
-        while self.cache.dirty_bytes >= self.cache.limit_bytes:
+        """Back-pressure: block while dirty data is at the cache limit and uploads are
+        draining it. Dirty data that only a close can drain (random writes into files
+        still open) does not block: waiting for it could never end."""
+        while self.cache.dirty_bytes >= self.cache.limit_bytes and self.uploader.busy():
             log.debug("writer waits: %d dirty bytes at the cache limit", self.cache.dirty_bytes)
-            await self.uploader.wait_changed()
+            with trio.move_on_after(1.0):
+                await self.uploader.wait_changed()
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         node = self.handle(fh).node
@@ -852,21 +892,21 @@ class CheckpointFS:
             await trio.to_thread.run_sync(os.fsync, st.fd, limiter=self._hash_limiter)
         m = Manifest(size=buf.size, mode=node.mode, mtime_ns=node.mtime_ns, chunks=tuple(chunks),
                      chunk_size=self.chunk_size, writer=self.opt.writer_id)
+        if not node.removed:
+            # journal first: if that fails (cache disk full), the buffer stays open and
+            # close/fsync report the error; nothing is half published
+            await self._submit("put_file", node.path, body=m.to_json(), chunks=pending,
+                               changing=self._changing((node.parent, node.name)))
+            self.published_bytes += m.size
         for c in pending:
-            if c.hash in self.uploader.in_store:
-                self.cache.clear_dirty(st, c.offset)
+            if node.removed or c.hash in self.uploader.in_store:
+                self.cache.clear_dirty(st, c.offset)  # nothing to upload for these
         st.sealed = True
         st.writers -= 1
         node.buffer = None
-        self._set_manifest(node, m)
-        path = node.path
-        if node.removed:  # unlinked while open: nothing to publish
-            self.cache.release_staging(st)
-            return
-        self.published_bytes += m.size
-        await self._submit("put_file", path, body=m.to_json(), chunks=pending,
-                           changing=self._changing((node.parent, node.name)))
+        self._set_manifest(node, m)  # unlinked while open: still readable through its fds
         self.cache.release_staging(st)
+        self.cache.evict()
 
     @staticmethod
     def _hash_spans(fd: int, spans: list[tuple[int, int]]) -> list[str]:
@@ -899,7 +939,10 @@ class CheckpointFS:
             lo = max(offset, offsets[i])
             hi = min(end, offsets[i + 1])
             fd, base = await self._locate_for(node, chunk_hash)
-            parts.append(os.pread(fd, hi - lo, base + lo - offsets[i]))
+            part = os.pread(fd, hi - lo, base + lo - offsets[i])
+            if len(part) != hi - lo:  # the chunk is shorter than its manifest says
+                raise CorruptChunkError(f"chunk {chunk_hash} of {node.path} is truncated")
+            parts.append(part)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _locate_for(self, node: Node, chunk_hash: str) -> tuple[int, int]:
@@ -930,7 +973,7 @@ class CheckpointFS:
     # ===================================================================== whole mount
     def statfs(self) -> dict[str, int]:
         return {"bsize": 4096, "blocks": 1 << 40, "bfree": 1 << 40, "files": 1 << 32,
-                "ffree": 1 << 32, "namemax": 255}
+                "ffree": 1 << 32, "namemax": NAME_MAX}
 
     def open_buffers(self) -> int:
         return sum(1 for n in self.nodes.values() if n.buffer is not None)
@@ -970,6 +1013,15 @@ class CheckpointFS:
 
     def durable(self) -> bool:
         return self.uploader.pending_count() == 0 and self.publisher.pending_count == 0
+
+    def sync_target(self) -> tuple[int, frozenset[str]]:
+        """What `ckptfs sync` waits for: the ops and chunks journaled so far."""
+        return self.publisher.last_seq, frozenset(self.uploader.pending_hashes())
+
+    def reached(self, target: tuple[int, frozenset[str]]) -> bool:
+        seq, hashes = target
+        return self.publisher.applied_seq >= seq and not any(
+            self.uploader.is_pending(h) for h in hashes)
 
     async def wait_all_durable(self) -> None:
         """Until every closed file and metadata change is in the store."""

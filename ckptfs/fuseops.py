@@ -30,6 +30,7 @@ ERRNO: list[tuple[type[BaseException], int]] = [
     (errors.IsADirectory, errno.EISDIR),
     (errors.NotADirectory, errno.ENOTDIR),
     (errors.NotPermitted, errno.EPERM),
+    (errors.NameTooLong, errno.ENAMETOOLONG),
     (errors.InvalidArgument, errno.EINVAL),
     (errors.NoAttribute, pyfuse3.ENOATTR),
     (errors.NotSupported, errno.ENOTSUP),
@@ -206,7 +207,7 @@ class FuseOps(pyfuse3.Operations):
             raise errors.NotPermitted("only regular files, directories and symlinks")
         fh, node = await self.fs.create(parent_inode, os.fsdecode(name), mode, os.O_WRONLY)
         await self.fs.flush(fh)
-        self.fs.release(fh)
+        await self.fs.release(fh)
         return self._looked_up(node)
 
     @fuse_errors
@@ -237,7 +238,7 @@ class FuseOps(pyfuse3.Operations):
         await self.fs.fsync(fh)
 
     async def release(self, fh: int) -> None:
-        self.fs.release(fh)
+        await self.fs.release(fh)
 
     @fuse_errors
     async def statfs(self, ctx: Any) -> Any:

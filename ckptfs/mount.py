@@ -17,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,6 +27,7 @@ import trio
 
 from . import __version__, manifests
 from .cache import LocalCache
+from .chunking import FixedChunker
 from .config import MountConfig, default_cache_dir
 from .control import ControlServer
 from .errors import ConfigError, NotFoundError, StoreError
@@ -92,10 +94,14 @@ def prepare(cfg: MountConfig) -> Prepared:
     """Open and check everything; ConfigError/StoreError/FormatError with one-line messages."""
     check_mountpoint(cfg.mountpoint)
     store = open_store(cfg.store, endpoint_url=cfg.endpoint_url, region=cfg.region,
-                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads + 8)
+                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads + 40)
     check = getattr(store, "check", None)
     if check is not None:
         check()
+    try:
+        FixedChunker(cfg.chunk_size)
+    except ValueError as e:
+        raise ConfigError(f"--chunk-size: {e}") from None
     info = load_or_create_info(store, cfg.chunk_size)
     if cfg.cache_size < 4 * info.chunk_size:
         raise ConfigError(f"--cache-size must be at least 4 chunks of this store "
@@ -117,6 +123,8 @@ def prepare(cfg: MountConfig) -> Prepared:
     elif known != store.url:
         raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
                           "use another --cache-dir")
+    if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely
+        journal.set_meta("cache_id", uuid.uuid4().hex[:8])
     cache = LocalCache(cfg.cache_dir, cfg.cache_size)
     cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})
     return Prepared(cfg, store, info, journal, cache, lock_fd)
@@ -150,7 +158,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
         journal_limiter = trio.CapacityLimiter(1)
         uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads)
         fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
-        publisher = Publisher(p.store, p.journal, journal_limiter, cfg.node_id)
+        publisher = Publisher(p.store, p.journal, journal_limiter,
+                              f"{cfg.node_id}-{p.journal.get_meta('cache_id')}")
         meta_limiter = trio.CapacityLimiter(16)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
         sock_path = control_socket_path(cfg.cache_dir)
@@ -161,7 +170,7 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                               prefetch_whole_file_max=min(2 << 30, cfg.cache_size // 4),
                               fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
                               control_socket=sock_path))
-        uploader.resume(p.journal.pending_chunks())
+        await uploader.resume(p.journal.pending_chunks())
         publisher.load(p.journal.pending_ops())
         started = time.time()
 
@@ -173,7 +182,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                       uptime=round(time.time() - started, 1))
             return st
 
-        control = ControlServer(sock_path, status, fs.durable, uploader.wait_changed)
+        control = ControlServer(sock_path, status, fs.sync_target, fs.reached,
+                                uploader.wait_changed)
         pyfuse3.init(FuseOps(fs), cfg.mountpoint, fuse_options(cfg))
         ops_holder["mounted"] = True
         unmounted = trio.Event()

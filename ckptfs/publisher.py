@@ -30,7 +30,7 @@ import trio
 
 from . import manifests
 from .crashpoints import crash_point
-from .errors import FormatError, NotFoundError, StoreError
+from .errors import CkptfsError, FormatError, InvalidKeyError, NotFoundError, StoreError
 from .journal import Journal, Op
 from .store.base import Store
 
@@ -55,6 +55,7 @@ class Publisher:
         self._pending_paths: Counter[str] = Counter()
         self._changed = trio.Condition()
         self.applied_seq = 0
+        self.last_seq = 0  # highest seq queued so far
         self.healthy = True
         self.last_error: str | None = None
         self.applied_ops = 0
@@ -67,6 +68,7 @@ class Publisher:
     def enqueue(self, op: Op) -> None:
         """Queue an op already in the journal."""
         self._queue.append(op)
+        self.last_seq = max(self.last_seq, op.seq)
         for p in (op.path, op.path2):
             if p is not None:
                 self._pending_paths[p] += 1
@@ -125,6 +127,7 @@ class Publisher:
                     batch.append(op)
             try:
                 await trio.to_thread.run_sync(self._apply_sync, batch, limiter=self.limiter)
+                self.last_error = None
             except StoreError as e:
                 self.healthy = False
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -135,6 +138,10 @@ class Publisher:
                 await trio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 30.0)
                 continue
+            except (CkptfsError, UnicodeError) as e:  # this op can never succeed: drop it
+                self.last_error = f"dropped {batch[0].kind} {batch[0].path!r}: {e}"
+                log.error("metadata op %s %r can never be applied, dropped: %s",
+                          batch[0].kind, batch[0].path, e)
             delay = 0.2
             crash_point("op_applied")
             await trio.to_thread.run_sync(self.journal.remove_ops, [op.seq for op in batch],
@@ -148,7 +155,6 @@ class Publisher:
                             del self._pending_paths[p]
                 self.applied_seq = max(self.applied_seq, op.seq)
             self.applied_ops += len(batch)
-            self.last_error = None
             self.healthy = True
             async with self._changed:
                 self._changed.notify_all()
@@ -226,7 +232,7 @@ class Publisher:
                     raise FormatError(f"unknown intent {intent.get('op')!r}")
             except NotFoundError:
                 continue  # its owner finished it meanwhile
-            except (ValueError, KeyError, TypeError, FormatError) as e:
+            except (ValueError, KeyError, TypeError, FormatError, InvalidKeyError) as e:
                 log.error("unreadable rename intent %s left alone: %s", key, e)
                 continue
             log.warning("rolling forward the interrupted rename %s -> %s (by node %s)",

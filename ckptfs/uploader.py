@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import threading
@@ -123,7 +124,8 @@ class Uploader:
         self._journaled: set[str] = set()
         self._waiting: dict[str, list[tuple[StagingFile, int]]] = {}  # hash -> its copies
         self._queued: set[str] = set()
-        self._send, self._receive = trio.open_memory_channel[UploadJob](10_000)
+        # unbounded: what is queued is bounded by the dirty data the cache limit allows
+        self._send, self._receive = trio.open_memory_channel[UploadJob](math.inf)
         self._lock = trio.Lock()  # orders journal inserts against upload completions
         self._changed = trio.Condition()
         self._uploading_bytes = 0
@@ -157,6 +159,7 @@ class Uploader:
         """
         async with self._lock:
             todo = [c for c in chunks if c.hash not in self.in_store]
+            self._dedup_bytes += sum(c.length for c in chunks if c.hash in self.in_store)
             seqs = await trio.to_thread.run_sync(self.journal.add_chunks, todo, ops,
                                                  limiter=self.journal_limiter)
             for c in todo:
@@ -164,21 +167,52 @@ class Uploader:
                 self._add_pending(c)
             return seqs
 
-    def resume(self, chunks: list[PendingChunk]) -> None:
-        """After a restart: queue the journaled chunks again (their staging files exist)."""
-        for c in chunks:
+    async def resume(self, chunks: list[PendingChunk]) -> None:
+        """After a restart: queue the journaled chunks again.
+
+        Each chunk's staged bytes are re-hashed first: bytes lost to a reboot before the
+        kernel wrote them back must never be served or uploaded under the chunk's name.
+        """
+        intact = await trio.to_thread.run_sync(self._check_staged, chunks,
+                                               limiter=self.limiter)
+        for c, ok in zip(chunks, intact):
             st = self.cache.staging.get(c.staging_id)
-            if st is None:
-                log.error("chunk %s lost: staging file %d is gone", c.hash, c.staging_id)
+            if st is None or not ok:
+                log.error("chunk %s of a closed file is lost: its staged bytes are %s "
+                          "(was the machine reset before they were written back?)", c.hash,
+                          "gone" if st is None else "damaged")
+                self.last_error = f"{c.hash}: staged bytes lost before upload"
+                await trio.to_thread.run_sync(self.journal.remove_chunk, c.hash,
+                                              limiter=self.journal_limiter)
                 continue
             self._journaled.add(c.hash)
             self.cache.add_staged_chunk(c.hash, st, c.offset, c.length)
             self.cache.set_dirty(st, c.offset, c.length)
             self._add_pending(c, st)
 
+    def _check_staged(self, chunks: list[PendingChunk]) -> list[bool]:
+        out = []
+        for c in chunks:
+            st = self.cache.staging.get(c.staging_id)
+            try:
+                ok = st is not None and codec.chunk_hash(
+                    os.pread(st.fd, c.length, c.offset)) == c.hash
+            except OSError:
+                ok = False
+            out.append(ok)
+        return out
+
     def is_pending(self, chunk_hash: str) -> bool:
         """Whether the chunk is journaled and not yet in the store."""
         return chunk_hash in self._journaled
+
+    def pending_hashes(self) -> set[str]:
+        """The chunks journaled and not yet in the store (a copy)."""
+        return set(self._journaled)
+
+    def busy(self) -> bool:
+        """Whether uploads are queued or running (so dirty data will shrink)."""
+        return self._uploading_bytes > 0 or self._receive.statistics().current_buffer_used > 0
 
     def pending_count(self) -> int:
         """Chunks journaled and not yet in the store."""
@@ -310,6 +344,7 @@ class Uploader:
             self.cache.release_staging(st)
         if job.on_done is not None:
             job.on_done(chunk_hash)
+        self.cache.evict()
         await self._notify()
 
     async def _abandon(self, job: UploadJob) -> None:
@@ -329,6 +364,7 @@ class Uploader:
             st.pending -= 1
             self.cache.clear_dirty(st, offset)
             self.cache.release_staging(st)
+        self.cache.forget_staged(job.hash)  # never serve bytes that do not match the name
         await self._notify()
 
     async def _notify(self) -> None:

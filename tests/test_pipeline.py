@@ -278,9 +278,9 @@ def test_uploader_permanent_error_keeps_data_journaled(tmp_path: Path, store: Re
         cache2 = LocalCache(cache.root, cache.limit_bytes)
         cache2.scan(keep_staging={c.staging_id for c in pending})
         up2 = Uploader(store, cache2, journal, trio.CapacityLimiter(1))
-        up2.resume(pending)
-        assert up2.is_pending(h) and cache2.dirty_bytes == len(data)
         async with trio.open_nursery() as n:
+            await up2.resume(pending)
+            assert up2.is_pending(h) and cache2.dirty_bytes == len(data)
             await n.start(up2.run)
             await settled(up2, *cache2.staging.values())
             n.cancel_scope.cancel()

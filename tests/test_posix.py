@@ -829,8 +829,14 @@ def test_hard_link_is_eperm(mnt: Mount) -> None:
 def test_statfs(mnt: Mount) -> None:
     s = os.statvfs(mnt.path)
     assert s.f_bavail > 0 and s.f_bfree > 0 and s.f_blocks > 0
-    assert s.f_bsize > 0 and s.f_namemax == 255
+    assert s.f_bsize > 0 and s.f_namemax == 240  # what every store can hold with suffixes
     assert s.f_favail > 0
+    ok = "n" * 240
+    (mnt / ok).write_bytes(b"x")
+    with pytest.raises(OSError) as e:
+        (mnt / ("n" * 241)).write_bytes(b"x")
+    assert e.value.errno == errno.ENAMETOOLONG
+    assert (mnt / ok).read_bytes() == b"x"
 
 
 # ------------------------------------------------------------------------------ xattrs

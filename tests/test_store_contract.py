@@ -257,7 +257,7 @@ def test_concurrent_puts_and_deletes(store: Store) -> None:
 # -- LocalStore
 
 
-UNSAFE_KEYS = ["../x", "/abs", "a/../../b", "a\0b", "a//b", ".", "..", "a/./b", "", "a\\b", "/"]
+UNSAFE_KEYS = ["../x", "/abs", "a/../../b", "a\0b", "a//b", ".", "..", "a/./b", "", "/"]
 
 
 @pytest.mark.parametrize("key", UNSAFE_KEYS)

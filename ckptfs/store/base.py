@@ -29,7 +29,7 @@ def check_key(key: str) -> str:
     Safe: non-empty, relative, no NUL, no empty, '.' or '..' segment (a trailing '/' is
     allowed: it names a directory marker).
     """
-    if not key or key.startswith("/") or "\0" in key or "\\" in key:
+    if not key or key.startswith("/") or "\0" in key:
         raise InvalidKeyError(f"unsafe store key: {key!r}")
     parts = key.split("/")
     if parts[-1] == "":
