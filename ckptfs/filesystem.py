@@ -24,6 +24,7 @@ import trio
 from . import codec, manifests
 from .cache import LocalCache, StagingFile
 from .chunking import FixedChunker
+from .crashpoints import crash_point
 from .errors import (
     CorruptChunkError,
     Exists,
@@ -432,7 +433,9 @@ class CheckpointFS:
         """
         seq = 0
         try:
+            crash_point(f"before_journal_{kind}")
             [seq] = await self.uploader.persist(chunks or [], [(kind, path, path2, body)])
+            crash_point(f"journaled_{kind}")
             await self.publisher.add(Op(seq, kind, path, path2, body))
         finally:
             for dnode, name in changing or ():
@@ -441,6 +444,7 @@ class CheckpointFS:
                 e[1] = max(e[1], seq)
         if wait:
             await self.publisher.wait_applied(seq, self.opt.publish_timeout)
+            crash_point(f"applied_{kind}")
         return seq
 
     async def mkdir(self, parent_inode: int, name: str, mode: int) -> Node:
@@ -794,6 +798,7 @@ class CheckpointFS:
                         h, n = buf.base[i]
                         await self._copy_chunk_into(buf.staging, node, h, n, start)
             os.pwrite(buf.staging.fd, data, offset)
+            crash_point("write")
             for i in touched:
                 self._mark_written(buf, i)
             node.mtime_ns = time.time_ns()

@@ -30,6 +30,7 @@ from .cache import LocalCache
 from .chunking import FixedChunker
 from .config import MountConfig, default_cache_dir
 from .control import ControlServer
+from .crashpoints import crash_point
 from .errors import ConfigError, NotFoundError, StoreError
 from .fetcher import Fetcher
 from .filesystem import CheckpointFS, Options
@@ -201,6 +202,7 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
             ops_holder["mounted"] = False
             log.info("unmounted; flushing %d chunks and %d metadata ops to the store",
                      uploader.pending_count(), publisher.pending_count)
+            crash_point("unmounted")
             with trio.CancelScope() as flush_scope:
                 ops_holder["flush_scope"] = flush_scope
                 await fs.wait_all_durable()
