@@ -42,11 +42,31 @@ def encode_chunk(data: Buffer) -> tuple[bytes, int]:
     Returns (blob, codec id).
     """
     raw_len = len(data)
-    if raw_len:
+    if raw_len and _worth_compressing(data):
         compressed = lz4.block.compress(data, store_size=False)
         if len(compressed) < raw_len:
             return _HEADER.pack(MAGIC, CODEC_LZ4, raw_len) + compressed, CODEC_LZ4
     return _HEADER.pack(MAGIC, CODEC_RAW, raw_len) + bytes(data), CODEC_RAW
+
+
+SAMPLE = 64 * 1024
+SAMPLES = 4
+
+
+def _worth_compressing(data: Buffer) -> bool:
+    """Whether lz4 is likely to shrink `data`, judged on a few small samples.
+
+    Weights and optimizer moments do not compress with plain lz4 (docs/PERFORMANCE.md);
+    trying costs CPU on every chunk, so only chunks whose samples shrink by 3% are tried.
+    """
+    n = len(data)
+    if n <= SAMPLE * SAMPLES:
+        return True
+    view = memoryview(data)
+    step = (n - SAMPLE) // (SAMPLES - 1)
+    sampled = sum(len(lz4.block.compress(view[i * step:i * step + SAMPLE], store_size=False))
+                  for i in range(SAMPLES))
+    return sampled < 0.97 * SAMPLE * SAMPLES
 
 
 def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes | memoryview:

@@ -78,7 +78,7 @@ class FuseOps(pyfuse3.Operations):
     """pyfuse3 request handlers over a CheckpointFS."""
 
     supports_dot_lookup = False
-    enable_writeback_cache = False
+    enable_writeback_cache = bool(os.environ.get("CKPTFS_WRITEBACK_CACHE"))
 
     def __init__(self, fs: CheckpointFS) -> None:
         super().__init__()
