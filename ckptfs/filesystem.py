@@ -17,7 +17,9 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import trio
 
@@ -51,6 +53,7 @@ from .store.base import AsyncStore
 from .uploader import Uploader, UploadJob
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ROOT_INODE = 1
 STATE_XATTR = "user.ckptfs.state"
@@ -332,36 +335,26 @@ class CheckpointFS:
             child.manifest_key_size = size
 
     async def _read_manifest(self, path: str) -> Manifest | None:
-        try:
-            manifests.check_path(path)
-            blob = await self.store.get(manifests.file_key(path))
-            return Manifest.from_json(blob)
-        except NotFoundError:
-            return None
-        except (FormatError, ValueError) as e:
-            log.error("unreadable manifest for %s: %s", path, e)
-            return None
-        except StoreError as e:
-            log.warning("cannot read the manifest of %s: %s", path, e)
-            return None
-        except InvalidKeyError as e:
-            log.error("skipping an unsafe name in the store: %s", e)
-            return None
+        return await self._read_record(path, manifests.file_key, Manifest.from_json, "manifest")
 
     async def _read_marker(self, path: str) -> DirMarker | None:
+        return await self._read_record(path, manifests.dir_key, DirMarker.from_json,
+                                       "directory marker")
+
+    async def _read_record(self, path: str, key_of: Callable[[str], str],
+                           parse: Callable[[bytes], T], what: str) -> T | None:
+        """GET and parse a manifest or marker; None (and a log line) if absent or bad."""
         try:
-            return DirMarker.from_json(await self.store.get(manifests.dir_key(path)))
+            return parse(await self.store.get(key_of(path)))
         except NotFoundError:
             return None
         except (FormatError, ValueError) as e:
-            log.error("unreadable directory marker for %s: %s", path, e)
-            return None
+            log.error("unreadable %s for %s: %s", what, path, e)
         except StoreError as e:
-            log.warning("cannot read the directory marker of %s: %s", path, e)
-            return None
+            log.warning("cannot read the %s of %s: %s", what, path, e)
         except InvalidKeyError as e:
             log.error("skipping an unsafe name in the store: %s", e)
-            return None
+        return None
 
     def _set_manifest(self, node: Node, m: Manifest) -> None:
         node.manifest = m
