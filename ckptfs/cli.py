@@ -130,7 +130,10 @@ def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float |
     from .control import request as control_request
 
     try:
-        yield from control_request(sock or control_socket(mountpoint), cmd, timeout)
+        for answer in control_request(sock or control_socket(mountpoint), cmd, timeout):
+            if set(answer) == {"error"}:  # e.g. "permission denied": not the mount's owner
+                raise CliError(f"the ckptfs daemon of {mountpoint}: {answer['error']}")
+            yield answer
     except OSError as e:
         raise CliError(f"cannot reach the ckptfs daemon of {mountpoint}: {e}") from None
 
@@ -198,14 +201,28 @@ class Progress:
             sys.stderr.write("\n")
 
 
+class SyncTimeout(CliError):
+    """`sync` gave up at its --timeout; nothing is lost, the data stays in the cache."""
+
+
+def not_durable(timeout: float, st: dict[str, Any] | None) -> SyncTimeout:
+    """The one-line timeout message: why (the store's last error) and where the data is."""
+    why = f" ({' '.join(str(st['errors'][0]).split())})" if st and st.get("errors") else ""
+    where = f" {st['cache_dir']}" if st and st.get("cache_dir") else ""
+    return SyncTimeout(f"not durable after {timeout:g}s{why}; the data is safe in the "
+                       f"cache{where}")
+
+
 def sync(mountpoint: str, timeout: float | None, sock: str | None = None) -> dict[str, Any]:
-    """Stream the daemon's sync progress; the final status, or CliError on timeout."""
+    """Stream the daemon's sync progress; the final status, or SyncTimeout on timeout."""
     progress = Progress("sync")
     deadline = None if timeout is None else time.monotonic() + timeout
+    last: dict[str, Any] | None = None
     try:
         for answer in request(mountpoint, "sync", sock, timeout=None if timeout is None
                               else max(timeout, 1.0)):
             if "progress" in answer:
+                last = answer["progress"]
                 progress.show(answer["progress"])
             elif answer.get("done"):
                 progress.show(answer["status"])
@@ -213,9 +230,9 @@ def sync(mountpoint: str, timeout: float | None, sock: str | None = None) -> dic
             elif "error" in answer:
                 raise CliError(answer["error"])
             if deadline is not None and time.monotonic() > deadline:
-                raise CliError(f"not durable after {timeout:g}s; the data stays in the cache")
+                raise not_durable(timeout or 0.0, last)
     except TimeoutError:
-        raise CliError(f"not durable after {timeout:g}s; the data stays in the cache") from None
+        raise not_durable(timeout or 0.0, last) from None
     finally:
         progress.end()
     raise CliError("the ckptfs daemon closed the connection before the sync finished")
@@ -235,6 +252,8 @@ def cmd_umount(a: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         sync(mountpoint, a.timeout, sock)
+    except SyncTimeout as e:
+        raise CliError(f"still mounted: {e}") from None
     except KeyboardInterrupt:
         raise CliError("interrupted: still mounted; pending data stays in the cache") from None
     r = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)

@@ -67,6 +67,10 @@ class ControlServer:
         async with stream:
             try:
                 if not self._allowed(stream):
+                    # read the request first: closing before the client has sent it would
+                    # give the client EPIPE instead of this answer
+                    with trio.move_on_after(1):
+                        await self._read_line(stream)
                     await self._send(stream, {"error": "permission denied"})
                     return
                 line = await self._read_line(stream)

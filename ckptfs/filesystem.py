@@ -17,7 +17,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -59,6 +59,7 @@ ROOT_INODE = 1
 STATE_XATTR = "user.ckptfs.state"
 CONTROL_XATTR = "user.ckptfs.control"
 LIST_CONCURRENCY = 32
+READ_RETRIES = 5  # transient failures of a LIST or manifest GET before giving up (~3 s)
 NAME_MAX = 240  # bytes; below 255 so that every store can hold the name plus its suffixes
 
 
@@ -233,7 +234,7 @@ class CheckpointFS:
             prefix = manifests.dir_prefix(path)
             applied_before = self.publisher.applied_seq
             try:
-                listing = await self.store.list(prefix)
+                listing = await self._with_retries(self.store.list, prefix)
             except StoreError as e:  # store down: serve what we know, retry after the TTL
                 log.warning("cannot list %s/ (serving the cached view): %s", path, e)
                 dnode.listed_at = time.monotonic()
@@ -345,7 +346,7 @@ class CheckpointFS:
                            parse: Callable[[bytes], T], what: str) -> T | None:
         """GET and parse a manifest or marker; None (and a log line) if absent or bad."""
         try:
-            return parse(await self.store.get(key_of(path)))
+            return parse(await self._with_retries(self.store.get, key_of(path)))
         except NotFoundError:
             return None
         except (FormatError, ValueError) as e:
@@ -355,6 +356,20 @@ class CheckpointFS:
         except InvalidKeyError as e:
             log.error("skipping an unsafe name in the store: %s", e)
         return None
+
+    @staticmethod
+    async def _with_retries(fn: Callable[[str], Awaitable[T]], arg: str) -> T:
+        """A metadata read, retried over transient errors (throttling) for a few seconds."""
+        delay = 0.1
+        for _ in range(READ_RETRIES):
+            try:
+                return await fn(arg)
+            except StoreError as e:
+                if e.permanent:
+                    raise
+                await trio.sleep(delay)
+                delay *= 2
+        return await fn(arg)
 
     def _set_manifest(self, node: Node, m: Manifest) -> None:
         node.manifest = m
@@ -483,9 +498,14 @@ class CheckpointFS:
             raise IsADirectory(child.path)
         path = child.path
         changing = self._changing((child.parent, child.name))
+        if child.manifest is not None or self.publisher.is_pending(path):
+            # journal first: if that fails (cache disk full), the file is still there
+            await self._submit("delete_file", path, wait=False, changing=changing)
+        else:  # created here and never published: nothing in the store to delete
+            for dnode, entry in changing:
+                dnode.recent.setdefault(entry, [1, 0])[0] -= 1
         self._detach(child)
         self._touch(parent)
-        await self._submit("delete_file", path, wait=False, changing=changing)
 
     async def symlink(self, parent_inode: int, name: str, target: str) -> Node:
         parent = await self._writable_dir(parent_inode)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sqlite3
 import stat
 from collections.abc import Awaitable, Callable, Sequence
 from functools import wraps
@@ -61,6 +62,9 @@ def fuse_errors(fn: F) -> F:
             raise pyfuse3.FUSEError(to_errno(e)) from None
         except (errors.MissingChunkError, errors.CorruptChunkError) as e:
             raise pyfuse3.FUSEError(errno.EIO) from e
+        except sqlite3.OperationalError as e:  # the journal: almost always a full disk
+            log.error("%s: the cache directory is full (journal: %s)", fn.__name__, e)
+            raise pyfuse3.FUSEError(errno.ENOSPC if "full" in str(e) else errno.EIO) from None
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 log.error("%s: the cache directory is full: %s", fn.__name__, e)

@@ -98,7 +98,8 @@ class Journal:
                     seqs.append(int(cur.lastrowid or 0))
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite already rolled back on SQLITE_FULL
+                    cur.execute("ROLLBACK")
                 raise
             return seqs
 

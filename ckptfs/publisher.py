@@ -21,16 +21,25 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import random
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import trio
 
 from . import manifests
 from .crashpoints import crash_point
-from .errors import CkptfsError, FormatError, InvalidKeyError, NotFoundError, StoreError
+from .errors import (
+    CkptfsError,
+    FormatError,
+    InvalidKeyError,
+    NotFoundError,
+    StoreError,
+    TransientStoreError,
+)
 from .journal import Journal, Op
 from .store.base import Store
 
@@ -40,12 +49,42 @@ DELETES = ("delete_file", "delete_dir")
 RENAME_THREADS = 16
 
 
+class RetryingStore:
+    """A store whose every call is retried over transient errors, in the calling thread.
+
+    A directory rename is hundreds of calls; retrying the whole op because one of them
+    was throttled would rarely finish on a busy store.
+    """
+
+    def __init__(self, store: Store, attempts: int = 6) -> None:
+        self.store = store
+        self.attempts = attempts
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.store, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            delay = 0.05
+            for _ in range(self.attempts - 1):
+                try:
+                    return fn(*args, **kwargs)
+                except TransientStoreError as e:
+                    log.warning("metadata %s failed (retrying): %s", name, e)
+                    time.sleep(delay * random.uniform(0.5, 1.5))
+                    delay = min(delay * 2, 2.0)
+            return fn(*args, **kwargs)
+
+        return call
+
+
 class Publisher:
     """The single task that makes local metadata changes visible in the store."""
 
     def __init__(self, store: Store, journal: Journal,
                  journal_limiter: trio.CapacityLimiter, node_id: str = "") -> None:
-        self.store = store
+        self.store: Store = RetryingStore(store)  # type: ignore[assignment]
         self.node_id = node_id or "node"
         self.journal = journal
         self.journal_limiter = journal_limiter
@@ -144,8 +183,12 @@ class Publisher:
                           batch[0].kind, batch[0].path, e)
             delay = 0.2
             crash_point("op_applied")
-            await trio.to_thread.run_sync(self.journal.remove_ops, [op.seq for op in batch],
-                                          limiter=self.journal_limiter)
+            try:
+                await trio.to_thread.run_sync(self.journal.remove_ops,
+                                              [op.seq for op in batch],
+                                              limiter=self.journal_limiter)
+            except sqlite3.Error as e:  # disk full: the ops replay (idempotently) next mount
+                log.warning("could not update the journal (cache disk full?): %s", e)
             for op in batch:
                 self._queue.popleft()
                 for p in (op.path, op.path2):

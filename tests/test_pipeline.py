@@ -671,7 +671,7 @@ def test_publisher_rename_file_replay(store: RecordingStore, journal: Journal) -
 
 
 def test_publisher_retries_failures(store: RecordingStore, journal: Journal) -> None:
-    store.fail("put", times=2)
+    store.fail("put", times=8)  # more than RetryingStore's 6 attempts: the op itself fails
     seqs: list[int] = []
     seen_unhealthy: list[str | None] = []
 
@@ -687,7 +687,7 @@ def test_publisher_retries_failures(store: RecordingStore, journal: Journal) -> 
         await until(lambda: pub.applied_seq >= seqs[-1], timeout=5.0)
         assert pub.healthy and pub.last_error is None
         assert keys(store) == {"files/a": b"1", "files/b": b"2"}
-        assert store.counts["put"] == 4 and journal.counts() == (0, 0)
+        assert store.counts["put"] == 10 and journal.counts() == (0, 0)
 
     run(lambda: with_publisher(store, journal, body, setup))
     assert seen_unhealthy and "TransientStoreError" in (seen_unhealthy[0] or "")

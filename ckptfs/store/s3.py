@@ -103,7 +103,9 @@ class S3Store(Store):
             max_pool_connections=max_pool_connections,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
-            retries={"max_attempts": 2, "mode": "standard"},  # ckptfs retries with backoff
+            # 2 attempts in all (botocore's "max_attempts" would be 2 *retries*, 3 attempts):
+            # ckptfs retries with its own backoff
+            retries={"total_max_attempts": 2, "mode": "standard"},
             s3={"addressing_style": "path"} if endpoint_url else None,
             # many S3-compatible servers reject the flexible checksums boto3 sends by default
             request_checksum_calculation="when_required",

@@ -1,0 +1,1036 @@
+"""Faults through real mounts and real servers: a store outage during a save, throttling and
+hanging requests, permanent store errors, bad input, a full cache disk, corrupt chunks in
+the store, and the security basics of the cache directory, control socket and mount."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mounting import Mount, is_mounted, run_cli
+from seaweed import SeaweedServer
+
+MiB = 2**20
+
+
+# ---------------------------------------------------------------------------- helpers
+@pytest.fixture
+def nodes() -> Iterator[list[Mount]]:
+    """Every Mount appended here is unmounted (lazily, and its daemon stopped) at the end."""
+    made: list[Mount] = []
+    yield made
+    for m in made:
+        m.cleanup()
+
+
+def new_node(nodes: list[Mount], store: str, root: Path, name: str, *extra: str,
+             env: dict[str, str] | None = None) -> Mount:
+    m = Mount(store, root, name, extra=list(extra), env=env)
+    nodes.append(m)
+    return m.mount()
+
+
+def status(m: Mount) -> dict[str, Any]:
+    """`ckptfs status --json` of a mount."""
+    return dict(m.status())
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached after {timeout}s: {what}")
+        time.sleep(0.1)
+
+
+def file_sha256(path: Path | str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(4 * MiB):
+            h.update(block)
+    return h.hexdigest()
+
+
+def one_line_error(r: object) -> str:
+    """The single `ckptfs: ...` line a failed command must print on stderr."""
+    rc, stderr = r.returncode, r.stderr  # type: ignore[attr-defined]
+    assert rc != 0, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptfs: "), stderr
+    assert "Traceback" not in stderr
+    return str(lines[0])
+
+
+class PatternSave(threading.Thread):
+    """A save in a thread: `phases` runs of 4 MiB blocks written to one file, each phase
+    started by its gate. A 4 MiB random block is reused with a counter stamped into every
+    MiB, so every 1 MiB chunk differs (no dedup) without generating 500 MiB of urandom."""
+
+    BLOCK = 4 * MiB
+
+    def __init__(self, path: Path, phases: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.phases = phases  # blocks per phase
+        self.gates = [threading.Event() for _ in phases]
+        self.done = [threading.Event() for _ in phases]
+        self.written = 0
+        self.sha = hashlib.sha256()
+        self.error: BaseException | None = None
+        self.closed = threading.Event()
+        self.abort = False  # set by the test on failure: stop writing, close
+        self._base = bytearray(os.urandom(self.BLOCK))
+
+    def block(self, i: int) -> bytes:
+        for j in range(0, self.BLOCK, MiB):
+            self._base[j:j + 16] = struct.pack("<QQ", i, j)
+        return bytes(self._base)
+
+    def run(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                i = 0
+                for gate, done, n in zip(self.gates, self.done, self.phases):
+                    if not gate.wait(300) or self.abort:
+                        raise TimeoutError("aborted")
+                    for _ in range(n):
+                        if self.abort:
+                            raise TimeoutError("aborted")
+                        data = self.block(i)
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(fd, view):]
+                        self.sha.update(data)
+                        self.written += len(data)
+                        i += 1
+                    done.set()
+            finally:
+                os.close(fd)
+            self.closed.set()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+            for d in self.done:
+                d.set()
+
+
+# ---------------------------------------------------------------------------- 1. outage
+def test_store_outage_during_a_500mib_save(tmp_path: Path, nodes: list[Mount],
+                                          seaweed: SeaweedServer) -> None:
+    """The S3 server goes down in the middle of a save: writes go on at local speed, status
+    shows the outage, the server comes back, umount exits 0, another node reads it exactly."""
+    server = SeaweedServer(tmp_path / "w")  # our own server, to take down (the `seaweed`
+    server.start()  # fixture put the test credentials, the same for every server, in the env)
+    started: list[PatternSave] = []
+    try:
+        url = f"s3://{server.new_bucket()}/job"
+        extra = ["--endpoint-url", server.endpoint, "--chunk-size", "1M"]
+        a = new_node(nodes, url, tmp_path, "a", *extra)
+        # 160 MiB before the outage, 2 x 80 MiB during it, 180 MiB after: 500 MiB
+        save = PatternSave(a / "model.bin", [40, 20, 20, 45])
+        started.append(save)
+        save.start()
+        save.gates[0].set()
+        assert save.done[0].wait(120) and save.error is None, save.error
+        server.stop()  # the store goes down in the middle of the save
+        down_at = time.monotonic()
+        save.gates[1].set()
+        seen: dict[str, Any] = {}
+
+        def outage_shown() -> bool:
+            st = status(a)
+            seen.update(st)
+            return bool(st["errors"]) and st["retrying_since"] is not None
+
+        wait_for(outage_shown, 30, "status shows the outage")
+        assert not seen["durable"] and seen["dirty_bytes"] > 0
+        assert save.done[1].wait(120) and save.error is None, save.error
+        before = save.written
+        save.gates[2].set()  # writes go on while status shows the outage
+        assert save.done[2].wait(120) and save.error is None, save.error
+        assert save.written == before + 80 * MiB
+        st = status(a)
+        assert st["errors"] and st["retrying_since"] is not None, st
+        assert st["dirty_bytes"] >= 80 * MiB, st  # at least what was written since
+        text = run_cli("status", str(a.path)).stdout
+        assert "error" in text and "retrying" in text, text
+        time.sleep(max(0.0, 3 - (time.monotonic() - down_at)))  # a few seconds of outage
+        server.start()  # same data directory and ports
+        save.gates[3].set()
+        save.join(120)
+        assert save.closed.is_set() and save.error is None, save.error
+        assert save.written == 500 * MiB
+        r = a.umount()
+        assert r.returncode == 0 and "everything is in the store" in r.stdout
+        b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", server.endpoint)
+        assert os.stat(b / "model.bin").st_size == 500 * MiB
+        assert file_sha256(b / "model.bin") == save.sha.hexdigest()
+        b.umount()
+    finally:
+        for save in started:  # after a failure: let the writer close its file and end
+            save.abort = True
+            for gate in save.gates:
+                gate.set()
+            save.join(30)
+        for m in nodes:
+            m.cleanup()
+        server.stop()
+
+
+# ---------------------------------------------------------------------------- 2. throttling
+class FaultProxy:
+    """An HTTP proxy on the loopback in front of an S3 server that injects S3 faults.
+
+    Requests pass through unchanged (the Host header too, so SigV4 signatures still match).
+    `throttle(p, match, first)` answers 503 SlowDown to the first `first` tries of every
+    matching request (same method and path) and then to a fraction `p` of them (seeded);
+    `hold(match)` keeps matching requests waiting until `release()`.
+    """
+
+    SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+                b'<Message>Please reduce your request rate.</Message></Error>')
+    HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding",
+                     "expect", "te", "upgrade"})
+
+    def __init__(self, upstream: str, seed: int = 1) -> None:
+        import http.server
+        import random
+        import urllib.parse
+
+        u = urllib.parse.urlsplit(upstream)
+        self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.p = 0.0
+        self.first = 0
+        self.tries: dict[tuple[str, str], int] = {}
+        self.throttle_match: Callable[[str, str], bool] = lambda m, p: False
+        self.hold_match: Callable[[str, str], bool] = lambda m, p: False
+        self.released = threading.Event()
+        self.released.set()
+        self.injected: list[tuple[str, str]] = []
+        self.held = 0
+        self.requests = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                proxy.handle(self)
+
+            do_PUT = do_POST = do_HEAD = do_DELETE = do_GET
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def throttle(self, p: float, match: Callable[[str, str], bool], first: int = 0) -> None:
+        with self.lock:
+            self.p, self.throttle_match, self.first = p, match, first
+            self.tries.clear()
+
+    def hold(self, match: Callable[[str, str], bool]) -> None:
+        with self.lock:
+            self.hold_match = match
+            self.released.clear()
+
+    def release(self) -> None:
+        with self.lock:
+            self.hold_match = lambda m, p: False
+            self.released.set()
+
+    def handle(self, h: object) -> None:
+        import http.client
+
+        method, path = h.command, h.path  # type: ignore[attr-defined]
+        length = int(h.headers.get("Content-Length") or 0)  # type: ignore[attr-defined]
+        body = h.rfile.read(length) if length else b""  # type: ignore[attr-defined]
+        with self.lock:
+            self.requests += 1
+            throttled = False
+            if self.throttle_match(method, path):
+                n = self.tries[method, path] = self.tries.get((method, path), 0) + 1
+                throttled = n <= self.first or self.random.random() < self.p
+            if throttled:
+                self.injected.append((method, path))
+            holding = not throttled and self.hold_match(method, path)
+            if holding:
+                self.held += 1
+        if throttled:
+            h.send_response(503)  # type: ignore[attr-defined]
+            h.send_header("Content-Type", "application/xml")  # type: ignore[attr-defined]
+            h.send_header("Content-Length", str(len(self.SLOWDOWN)))  # type: ignore[attr-defined]
+            h.end_headers()  # type: ignore[attr-defined]
+            if method != "HEAD":
+                h.wfile.write(self.SLOWDOWN)  # type: ignore[attr-defined]
+            return
+        if holding:
+            self.released.wait(60)
+        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            for k, v in h.headers.items():  # type: ignore[attr-defined]
+                if k.lower() not in self.HOP:
+                    conn.putheader(k, v)
+            conn.endheaders(body or None)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        h.send_response(resp.status, resp.reason)  # type: ignore[attr-defined]
+        for k, v in resp.getheaders():
+            if k.lower() not in self.HOP and (k.lower() != "content-length" or method == "HEAD"):
+                h.send_header(k, v)  # type: ignore[attr-defined]
+        if method != "HEAD":
+            h.send_header("Content-Length", str(len(data)))  # type: ignore[attr-defined]
+        h.end_headers()  # type: ignore[attr-defined]
+        if method != "HEAD":
+            h.wfile.write(data)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def is_chunk(method: str, path: str) -> bool:
+    return "/chunks/" in path
+
+
+@pytest.fixture
+def proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
+    p = FaultProxy(seaweed.endpoint)
+    yield p
+    p.close()
+
+
+def test_throttled_store_everything_lands(proxy: FaultProxy, seaweed: SeaweedServer,
+                                          tmp_path: Path, nodes: list[Mount]) -> None:
+    """Every request (chunk HEAD/PUT, marker and manifest PUTs, LISTs, the copy and delete
+    of a file rename) gets 503 SlowDown on its first two tries (botocore's two attempts, so
+    ckptfs must retry itself) and 10% of the time after that while saving, and so do the
+    chunk GETs while loading: all of it lands, byte-exact."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    extra = ["--endpoint-url", proxy.endpoint, "--chunk-size", "1M"]
+    a = new_node(nodes, url, tmp_path, "a", *extra)
+    proxy.throttle(0.1, lambda m, p: True, first=2)  # after the mount (it needs the store)
+    files = {f"ckpt/rank{i}.bin": os.urandom(4 * MiB + i) for i in range(2)}
+    (a / "ckpt").mkdir()
+    for name, data in files.items():
+        (a / f"{name}.tmp").write_bytes(data)
+        os.rename(a / f"{name}.tmp", a / name)  # save to a temporary name, then rename
+    r = a.umount()
+    assert r.returncode == 0 and "everything is in the store" in r.stdout
+    injected = list(proxy.injected)
+    assert any(m == "PUT" and "/chunks/" in p for m, p in injected)
+    assert any(m == "PUT" and "/files/" in p for m, p in injected)
+    log = (a.cache / "ckptfs.log").read_text()
+    assert "upload failed (retrying)" in log and "SlowDown" in log
+    assert re.search(r"metadata (op \S+ \S+|\S+) failed \(retrying\): .*SlowDown", log), log
+
+    proxy.throttle(0.0, lambda m, p: False)
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    assert sorted(os.listdir(b / "ckpt")) == ["rank0.bin", "rank1.bin"]
+    proxy.throttle(0.1, lambda m, p: m == "GET" and "/chunks/" in p, first=2)
+    before = len(proxy.injected)
+    for name, data in files.items():
+        assert (b / name).read_bytes() == data, name
+    n_chunks = sum(-(-len(d) // MiB) for d in files.values())
+    assert len(proxy.injected) - before >= 2 * n_chunks  # every chunk GET was throttled twice
+    proxy.throttle(0.0, lambda m, p: False)
+    b.umount()
+
+
+def test_s3_store_makes_two_attempts_per_call(proxy: FaultProxy, seaweed: SeaweedServer) -> None:
+    """botocore tries each call twice (docs/OPERATIONS.md), then ckptfs's own retries take
+    over; a throttled call surfaces as a TransientStoreError naming the S3 error code."""
+    from ckptfs.errors import TransientStoreError
+    from ckptfs.store.s3 import S3Store
+
+    bucket = seaweed.new_bucket()
+    store = S3Store(bucket, "p", endpoint_url=proxy.endpoint)
+    try:
+        proxy.throttle(0.0, lambda m, p: m == "PUT", first=10)
+        with pytest.raises(TransientStoreError, match="SlowDown"):
+            store.put("x", b"data")
+        assert proxy.tries == {("PUT", f"/{bucket}/p/x"): 2}
+    finally:
+        store.close()
+        seaweed.drop_bucket(bucket)
+
+
+def test_hanging_chunk_requests_are_waited_for(proxy: FaultProxy, seaweed: SeaweedServer,
+                                               tmp_path: Path, nodes: list[Mount]) -> None:
+    """Chunk PUTs that hang (no answer) hold the data in the cache without blocking close;
+    sync waits for them; once the server answers, everything lands. The same for GETs."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M")
+    proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
+    data = os.urandom(6 * MiB)
+    start = time.monotonic()
+    (a / "f.bin").write_bytes(data)
+    assert time.monotonic() - start < 5  # close waits for the manifest only
+    wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is hanging")
+    st = status(a)
+    assert st["pending_chunks"] > 0 and not st["durable"], st
+    assert st["uploading_bytes"] > 0, st
+    r = run_cli("sync", str(a.path), "--timeout", "2", check=False)
+    assert r.returncode == 1 and "not durable after 2s" in r.stderr.splitlines()[-1], r.stderr
+    proxy.release()
+    run_cli("sync", str(a.path), "--timeout", "60")
+    assert status(a)["durable"]
+    a.umount()
+
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    assert os.path.getsize(b / "f.bin") == len(data)
+    proxy.hold(lambda m, p: m == "GET" and "/chunks/" in p)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append((b / "f.bin").read_bytes()),
+                              daemon=True)
+    reader.start()
+    wait_for(lambda: proxy.held > 0, 10, "a chunk GET is hanging")
+    time.sleep(1)
+    assert not got  # the read waits for the hanging GET
+    proxy.release()
+    reader.join(60)
+    assert got == [data]
+    b.umount()
+
+
+def test_throttled_listing_never_reports_an_existing_file_missing(
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """A node that has not listed a directory yet, while the store throttles LIST and
+    manifest GETs for a few seconds, must not answer ENOENT for a file that exists (a
+    loader would conclude there is no checkpoint): it may wait, or fail with EIO."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M")
+    (a / "ckpt").mkdir()
+    (a / "ckpt" / "model.bin").write_bytes(b"w" * 1000)
+    a.umount()
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    proxy.throttle(1.0, lambda m, p: "/chunks/" not in p)
+    lift = threading.Timer(3.0, proxy.throttle, (0.0, lambda m, p: False))
+    lift.start()
+    try:
+        outcomes: list[tuple[str, object]] = []
+        for path in (b / "ckpt" / "model.bin", b / "ckpt"):
+            try:
+                outcomes.append(("ok", os.stat(path).st_size if path.name != "ckpt"
+                                 else sorted(os.listdir(path))))
+            except OSError as e:
+                outcomes.append(("errno", errno.errorcode.get(e.errno or 0, str(e.errno))))
+    finally:
+        lift.join()
+    assert ("errno", "ENOENT") not in outcomes, outcomes
+    for kind, value in outcomes:
+        assert value in (1000, ["model.bin"], "EIO"), outcomes
+    assert (b / "ckpt" / "model.bin").read_bytes() == b"w" * 1000  # after the throttling
+    b.umount()
+
+
+# ---------------------------------------------------------------------------- 3. permanent
+SECRETS = ("ckptfs-test-access-key", "ckptfs-test-secret-key")
+
+
+def assert_no_secret(*texts: str) -> None:
+    for text in texts:
+        for secret in SECRETS:
+            assert secret not in text
+
+
+def test_permanent_store_error_keeps_the_data_in_the_cache(
+        seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """The bucket disappears under a mount: status names the permanent error, the data stays
+    readable here and journaled in the cache, umount --timeout fails with one line, and no
+    credential is ever printed. Once the bucket is back, a new mount of the same cache
+    uploads everything."""
+    import signal
+
+    assert os.environ["AWS_ACCESS_KEY_ID"] == SECRETS[0]  # what must never be printed
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] == SECRETS[1]
+    bucket = seaweed.new_bucket()
+    url = f"s3://{bucket}/job"
+    extra = ["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M"]
+    a = new_node(nodes, url, tmp_path, "a", *extra)
+    seaweed.drop_bucket(bucket)  # the bucket and everything in it are gone
+    files = {f"f{i}.bin": os.urandom(3 * MiB + i) for i in range(2)}
+    for name, data in files.items():
+        start = time.monotonic()
+        (a / name).write_bytes(data)
+        assert time.monotonic() - start < 11  # close gives up waiting for the manifest
+    wait_for(lambda: len(status(a)["errors"]) == 2, 15, "both errors in status")
+    st = status(a)
+    assert all("PermanentStoreError" in e and "NoSuchBucket" in e for e in st["errors"]), st
+    assert st["retrying_since"] is not None and not st["durable"]
+    assert st["pending_chunks"] >= 6 and st["pending_ops"] >= 2, st
+    for name, data in files.items():  # still readable on this node, from the cache
+        assert (a / name).read_bytes() == data
+    status_json = run_cli("status", str(a.path), "--json").stdout
+    status_text = run_cli("status", str(a.path)).stdout
+    assert "NoSuchBucket" in status_text
+    r = run_cli("umount", str(a.path), "--timeout", "5", check=False)
+    assert r.returncode == 1
+    *progress, last = r.stderr.strip().splitlines()
+    assert all(line.startswith("sync [") for line in progress), r.stderr
+    assert last.startswith("ckptfs: ") and "Traceback" not in r.stderr
+    assert "still mounted" in last and f"safe in the cache {a.cache}" in last, last
+    assert "NoSuchBucket" in last, last  # says why
+    assert is_mounted(a.path)
+    # stop the daemon: SIGTERM unmounts and flushes, a second one abandons the flush
+    assert a.pid is not None
+    os.kill(a.pid, signal.SIGTERM)
+    wait_for(lambda: not is_mounted(a.path), 10, "lazy unmount on SIGTERM")
+    time.sleep(0.5)
+    os.kill(a.pid, signal.SIGTERM)
+    a.wait_exit(20)
+    log = (a.cache / "ckptfs.log").read_text()
+    assert "flush interrupted" in log and "NoSuchBucket" in log
+    assert_no_secret(status_json, status_text, r.stdout, r.stderr, log)
+    from ckptfs.cli import journal_counts
+
+    chunks, ops = journal_counts(str(a.cache))
+    assert chunks >= 6 and ops >= 2  # everything closed is still journaled in the cache
+    # the bucket comes back (empty): a new mount of the same cache uploads it all
+    seaweed.s3.create_bucket(Bucket=bucket)
+    try:
+        a.mount()
+        assert a.umount().returncode == 0
+        b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+        for name, data in files.items():
+            assert (b / name).read_bytes() == data, name
+        b.umount()
+    finally:
+        for m in nodes:
+            m.cleanup()
+        seaweed.drop_bucket(bucket)
+
+
+# ---------------------------------------------------------------------------- 4. bad input
+@pytest.fixture
+def local_store_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    root.mkdir()
+    return root
+
+
+def mounts_at(path: Path) -> int:
+    real = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        return sum(line.split()[1] == real for line in f)
+
+
+@pytest.mark.parametrize("case", ["no-bucket", "wrong-secret", "already-mounted",
+                                  "newer-format", "chunk-size-1K", "upload-threads-0"])
+def test_bad_input_is_one_line_and_leaves_no_mount(
+        case: str, tmp_path: Path, local_store_dir: Path, seaweed: SeaweedServer,
+        nodes: list[Mount]) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    store = str(local_store_dir)
+    args = ["--cache-dir", str(tmp_path / "cache")]
+    env = dict(os.environ)
+    mounted_before = 0
+    if case == "no-bucket":
+        store = "s3://ckptfs-no-such-bucket-7f3a/job"
+        args += ["--endpoint-url", seaweed.endpoint]
+    elif case == "wrong-secret":
+        store = f"s3://{seaweed.new_bucket()}/job"
+        args += ["--endpoint-url", seaweed.endpoint]
+        env["AWS_SECRET_ACCESS_KEY"] = "wrong-secret-2b8e1d"
+    elif case == "already-mounted":
+        first = new_node(nodes, store, tmp_path, "first")
+        mnt = first.path  # a second mount on the same path, with its own cache
+        mounted_before = 1
+    elif case == "newer-format":
+        (local_store_dir / "ckptfs.json%o").write_text(json.dumps(
+            {"format": 99, "chunk_size": 2**20, "hash": "xxh3-128"}))
+    elif case == "chunk-size-1K":
+        args += ["--chunk-size", "1K"]
+    elif case == "upload-threads-0":
+        args += ["--upload-threads", "0"]
+    r = run_cli("mount", store, str(mnt), *args, check=False, timeout=60, env=env)
+    line = one_line_error(r)
+    assert r.returncode == 1
+    assert mounts_at(mnt) == mounted_before
+    assert_no_secret(r.stdout, r.stderr)
+    assert "wrong-secret-2b8e1d" not in r.stderr
+    expected = {
+        "no-bucket": "does not exist",
+        "wrong-secret": "check the credentials",
+        "already-mounted": "already mounted",
+        "newer-format": "newer than this ckptfs",
+        "chunk-size-1K": "--chunk-size",
+        "upload-threads-0": "--upload-threads must be at least 1",
+    }[case]
+    assert expected in line, line
+    if case == "chunk-size-1K":  # refused before anything is written to the new store
+        assert os.listdir(local_store_dir) == []
+    if case == "already-mounted":  # the first mount is unharmed
+        (mnt / "x").write_bytes(b"still works")
+        assert (mnt / "x").read_bytes() == b"still works"
+
+
+def test_missing_dev_fuse_is_a_clear_config_error(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """/dev/fuse cannot be removed safely here: check the message path of check_mountpoint."""
+    from ckptfs import mount
+    from ckptfs.errors import ConfigError
+
+    real_exists = os.path.exists
+    monkeypatch.setattr(mount.os.path, "exists",
+                        lambda p: False if p == "/dev/fuse" else real_exists(p))
+    with pytest.raises(ConfigError) as e:
+        mount.check_mountpoint(str(tmp_path))
+    message = str(e.value)
+    assert "/dev/fuse is missing" in message and "\n" not in message
+
+
+# ---------------------------------------------------------------------------- 5. disk full
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    import subprocess
+
+    d = tmp_path / "tmpfs-cache"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(d)],
+                   check=True)
+    try:
+        yield d
+    finally:
+        r = subprocess.run(["umount", str(d)], capture_output=True, check=False)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True, check=False)
+
+
+def free_bytes(path: Path) -> int:
+    s = os.statvfs(path)
+    return s.f_bavail * s.f_frsize
+
+
+def fill(path: Path, limit: int = 100 * MiB) -> tuple[OSError | None, int]:
+    """Write `path` in 1 MiB pieces until a write fails: (that error, bytes written)."""
+    piece = os.urandom(MiB)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    failure: OSError | None = None
+    written = 0
+    try:
+        while written < limit:
+            written += os.write(fd, piece)
+    except OSError as e:
+        failure = e
+    finally:
+        try:
+            os.close(fd)
+        except OSError as e:  # the journal may not have room to record the close either
+            assert e.errno in (errno.ENOSPC, errno.EIO), e
+    return failure, written
+
+
+def test_full_cache_disk_gives_enospc_and_recovers(
+        small_tmpfs: Path, local_store_dir: Path, tmp_path: Path, nodes: list[Mount]) -> None:
+    """A 64 MiB cache disk: a 100 MiB file fails with ENOSPC; once it is deleted, the mount
+    works again, and everything that was acknowledged reaches the store intact."""
+    store = str(local_store_dir)
+    a = Mount(store, tmp_path, "a", extra=["--chunk-size", "1M"])
+    a.cache = small_tmpfs  # the cache directory is the whole small disk
+    nodes.append(a)
+    a.mount()
+    kept = {f"keep{i}.bin": os.urandom(4 * MiB) for i in range(3)}
+    for name, data in kept.items():
+        (a / name).write_bytes(data)
+    run_cli("sync", str(a.path))  # (uploads finishing on the full disk: the next test)
+    failure, written = fill(a / "big.bin")
+    assert failure is not None and failure.errno == errno.ENOSPC, (failure, written)
+    assert written < 64 * MiB
+    assert is_mounted(a.path) and status(a)["pid"] == a.pid
+    problems = []
+    try:  # the obvious way out: remove the file that filled the disk
+        os.unlink(a / "big.bin")
+    except OSError as e:
+        problems.append(f"unlink of the file that filled the cache failed: {e!r} (the "
+                        f"daemon dropped the entry anyway, but keeps its staging file while "
+                        f"the kernel holds the inode: the space is not freed)")
+    if not problems:
+        wait_for(lambda: free_bytes(small_tmpfs) > 32 * MiB, 10, "the cache space is freed")
+    else:  # the space stays taken until the kernel forgets the inode: remount instead
+        assert a.umount().returncode == 0  # what was closed before is in the store
+        a.mount()
+        assert free_bytes(small_tmpfs) > 32 * MiB
+        assert not os.path.lexists(a / "big.bin")
+    fresh = os.urandom(4 * MiB + 5)
+    (a / "after.bin").write_bytes(fresh)
+    assert (a / "after.bin").read_bytes() == fresh
+    for name, data in kept.items():
+        assert (a / name).read_bytes() == data
+    assert a.umount().returncode == 0
+    log = (small_tmpfs / "ckptfs.log").read_text()
+    assert "write: the cache directory is full" in log, log[-3000:]
+    b = new_node(nodes, store, tmp_path, "b")
+    assert sorted(os.listdir(b.path)) == ["after.bin", *sorted(kept)]
+    assert (b / "after.bin").read_bytes() == fresh
+    for name, data in kept.items():
+        assert (b / name).read_bytes() == data
+    b.umount()
+    assert not problems, problems
+
+
+def test_uploads_finishing_on_a_full_cache_disk_keep_the_mount_alive(
+        small_tmpfs: Path, proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path,
+        nodes: list[Mount]) -> None:
+    """Closed files whose uploads are slow (held by the server) when the cache disk fills
+    up: when those uploads then finish, recording them in the journal fails (disk full).
+    The mount must survive that: still mounted, the daemon alive, the data in the store."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = Mount(url, tmp_path, "a", extra=["--endpoint-url", proxy.endpoint, "--chunk-size",
+                                         "1M"])
+    a.cache = small_tmpfs
+    nodes.append(a)
+    a.mount()
+    proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
+    kept = {f"keep{i}.bin": os.urandom(4 * MiB) for i in range(2)}
+    for name, data in kept.items():
+        (a / name).write_bytes(data)  # closed: journaled, uploads hanging
+    failure, _ = fill(a / "big.bin")
+    assert failure is not None and failure.errno == errno.ENOSPC, failure
+    proxy.release()  # the uploads finish while the cache disk is still full
+
+    def landed() -> bool:
+        r = run_cli("status", str(a.path), "--json", check=False)
+        return r.returncode != 0 or json.loads(r.stdout)["pending_chunks"] == 0
+
+    wait_for(landed, 30, "the held uploads landed (or the daemon died)")
+    time.sleep(1)
+    r = run_cli("status", str(a.path), "--json", check=False)
+    assert r.returncode == 0 and is_mounted(a.path), (
+        f"the mount is gone: the daemon died on the full cache disk ({r.stderr.strip()})")
+    for name, data in kept.items():
+        assert (a / name).read_bytes() == data
+
+
+# ---------------------------------------------------------------------------- 6. corruption
+@pytest.mark.parametrize("damage", ["flip", "truncate", "s3-flip"])
+def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
+        damage: str, local_store_dir: Path, tmp_path: Path, nodes: list[Mount],
+        seaweed: SeaweedServer) -> None:
+    """A chunk object flipped or truncated in the store after the file is durable: a fresh
+    node's reads of that chunk fail with EIO at once (bytes before it are right), the log
+    names file, chunk and writer, and fsck/verify --deep exit 1 naming the chunk."""
+    if damage.startswith("s3"):
+        bucket = seaweed.new_bucket()
+        store, extra = f"s3://{bucket}/job", ["--endpoint-url", seaweed.endpoint]
+    else:
+        store, extra = str(local_store_dir), []
+    a = new_node(nodes, store, tmp_path, "a", *extra, "--chunk-size", "1M")
+    data = os.urandom(3 * MiB + 100)
+    (a / "model.bin").write_bytes(data)
+    assert a.umount().returncode == 0
+    if damage.startswith("s3"):
+        body = seaweed.s3.get_object(Bucket=bucket, Key="job/files/model.bin")["Body"].read()
+        victim = json.loads(body)["chunks"][1][0]
+        key = f"job/chunks/{victim[:2]}/{victim}"
+        blob = bytearray(seaweed.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        blob[len(blob) // 2] ^= 0x01
+        seaweed.s3.put_object(Bucket=bucket, Key=key, Body=bytes(blob))
+    else:
+        manifest = json.loads((local_store_dir / "files" / "model.bin%o").read_bytes())
+        victim = manifest["chunks"][1][0]  # bytes [1 MiB, 2 MiB) of the file
+        obj = local_store_dir / "chunks" / victim[:2] / f"{victim}%o"
+        blob = bytearray(obj.read_bytes())
+        if damage == "flip":
+            blob[len(blob) // 2] ^= 0x01
+            obj.write_bytes(bytes(blob))
+        else:
+            obj.write_bytes(bytes(blob[:len(blob) // 2]))
+
+    b = new_node(nodes, store, tmp_path, "b", *extra, "--missing-chunk-timeout", "5")
+
+    def read_range(fd: int, offset: int, size: int) -> str:
+        """Read [offset, offset+size) like a loader: every byte returned must be right
+        (a short read before the bad chunk is fine); 'EIO' or 'ok' at the end."""
+        end = offset + size
+        while offset < end:
+            try:
+                got = os.pread(fd, end - offset, offset)
+            except OSError as e:
+                assert e.errno == errno.EIO, e
+                return "EIO"
+            assert got, f"unexpected end of file at {offset}"
+            assert got == data[offset:offset + len(got)], f"WRONG bytes at {offset}"
+            offset += len(got)
+        return "ok"
+
+    with open(b / "model.bin", "rb", buffering=0) as f:
+        fd = f.fileno()
+        assert read_range(fd, 0, MiB) == "ok"  # the intact chunks read fine
+        assert read_range(fd, 2 * MiB, MiB + 100) == "ok"
+        for offset, size in ((MiB, 4096), (MiB + 12345, 100), (MiB - 10, 20), (0, 3 * MiB),
+                             (MiB, 4096)):
+            start = time.monotonic()
+            assert read_range(fd, offset, size) == "EIO", (offset, size)
+            assert time.monotonic() - start < 4  # at once, not after a timeout
+    with pytest.raises(OSError) as e:
+        (b / "model.bin").read_bytes()
+    assert e.value.errno == errno.EIO
+    r = run_cli("umount", str(b.path))
+    log = (b.cache / "ckptfs.log").read_text()
+    assert "read of model.bin failed" in log and victim in log and "node a-mnt" in log, log
+    r = run_cli("fsck", store, "--deep", *extra, check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert victim in r.stdout and "model.bin" in r.stdout, r.stdout
+    r = run_cli("verify", store, "--deep", *extra, check=False)
+    assert r.returncode == 1 and "model.bin" in r.stdout and victim in r.stdout, r.stdout
+    if damage.startswith("s3"):
+        seaweed.drop_bucket(bucket)
+
+
+# ---------------------------------------------------------------------------- 7. security
+NOBODY = 65534
+
+
+def as_nobody(fn: Callable[[], object]) -> object:
+    """Run `fn` in a forked child with uid/gid 65534 and no groups; its result (JSON)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            out = json.dumps(fn()).encode()
+        except BaseException as e:  # noqa: BLE001
+            out = json.dumps({"child error": repr(e)}).encode()
+            code = 1
+        try:
+            os.write(w, out)
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks))
+
+
+def try_call(fn: Callable[[], object]) -> object:
+    try:
+        return ["ok", fn()]
+    except OSError as e:
+        return ["errno", errno.errorcode.get(e.errno or 0, str(e.errno))]
+
+
+def cli_error(fn: Callable[[], object]) -> object:
+    """The message of the CliError that `fn` raises (or what it returned)."""
+    from ckptfs.cli import CliError
+
+    try:
+        return ["returned", fn()]
+    except CliError as e:
+        return str(e)
+
+
+def ask_socket(path: str) -> object:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(b'{"cmd": "status"}\n')
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data) if data else None
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user may traverse (pytest's tmp_path is private to root)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="ckptfs-faults-"))
+    d.chmod(0o755)
+    yield d
+    for p in d.iterdir():
+        if p.name.endswith("-mnt"):
+            from mounting import lazy_unmount
+            lazy_unmount(p)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_cache_control_socket_and_mount_are_private(
+        open_dir: Path, local_store_dir: Path, nodes: list[Mount]) -> None:
+    """Cache dir 0700 and its files 0600; another user can neither read the cache, nor use
+    the control socket, nor enter the mount (default_permissions, no allow_other)."""
+    from ckptfs import cli
+
+    a = new_node(nodes, str(local_store_dir), open_dir, "a")
+    (a / "weights.bin").write_bytes(b"secret weights" * 1000)
+
+    def mode(p: Path) -> str:
+        return oct(os.stat(p).st_mode & 0o7777)
+
+    assert mode(a.cache) == "0o700"
+    sock = a.cache / "ctl.sock"
+    assert os.getxattr(a.path, "user.ckptfs.control").decode() == str(sock)
+    for name in ("journal.sqlite", "ctl.sock", "ckptfs.log", "lock"):
+        assert mode(a.cache / name) == "0o600", name
+    for name in ("journal.sqlite-wal", "journal.sqlite-shm"):
+        if (a.cache / name).exists():
+            assert mode(a.cache / name) == "0o600", name
+    for name in ("staging", "chunks"):
+        assert mode(a.cache / name) == "0o700", name
+    for st in (a.cache / "staging").iterdir():
+        assert mode(st) == "0o600", st
+    with open("/proc/mounts") as f:
+        [options] = [line.split()[3].split(",") for line in f
+                     if line.split()[1] == str(a.path)]
+    assert "default_permissions" in options and "allow_other" not in options, options
+
+    seen = as_nobody(lambda: {
+        "cache": try_call(lambda: os.listdir(a.cache)),
+        "staging": try_call(lambda: os.listdir(a.cache / "staging")),
+        "socket": try_call(lambda: ask_socket(str(sock))),
+        "mount": try_call(lambda: os.listdir(a.path)),
+        "file": try_call(lambda: (a / "weights.bin").read_bytes()[:5].decode()),
+    })
+    assert seen == {"cache": ["errno", "EACCES"], "staging": ["errno", "EACCES"],
+                    "socket": ["errno", "EACCES"], "mount": ["errno", "EACCES"],
+                    "file": ["errno", "EACCES"]}, seen
+    # even with the file modes loosened, the daemon answers only its owner (SO_PEERCRED)
+    os.chmod(a.cache, 0o711)
+    os.chmod(sock, 0o666)
+    try:
+        seen = as_nobody(lambda: try_call(lambda: ask_socket(str(sock))))
+        said = as_nobody(lambda: cli_error(lambda: next(cli.request(str(a.path), "status",
+                                                                    str(sock)))))
+    finally:
+        os.chmod(sock, 0o600)
+        os.chmod(a.cache, 0o700)
+    assert seen == ["ok", {"error": "permission denied"}], seen
+    assert said == f"the ckptfs daemon of {a.path}: permission denied", said  # the CLI
+    assert status(a)["pid"] == a.pid  # and still answers root
+    assert a.umount().returncode == 0
+
+
+def test_unsafe_names_and_manifests_in_the_store_are_ignored(
+        local_store_dir: Path, tmp_path: Path, nodes: list[Mount]) -> None:
+    """Keys and manifests crafted in the store to escape (a '..' name, a chunk named
+    '../../etc/passwd', a rename intent out of the tree) are refused; the mount goes on."""
+    root = local_store_dir
+    a = new_node(nodes, str(root), tmp_path, "a", "--chunk-size", "1M")
+    good = os.urandom(MiB + 7)
+    (a / "good.bin").write_bytes(good)
+    (a / "sub").mkdir()
+    assert a.umount().returncode == 0
+    template = json.loads((root / "files" / "good.bin%o").read_bytes())
+
+    def manifest(**changes: object) -> bytes:
+        return json.dumps({**template, **changes}).encode()
+
+    files = root / "files"
+    (files / "..%o").write_bytes(manifest())  # key files/.. : the name '..'
+    (files / "sub" / "..%o").write_bytes(manifest())  # files/sub/..
+    (files / ".%o").write_bytes(manifest())  # files/.
+    (files / "evil.bin%o").write_bytes(manifest(chunks=[["../../etc/passwd", MiB + 7]]))
+    (files / "evil2.bin%o").write_bytes(manifest(
+        chunks=[["../" + template["chunks"][0][0][3:], MiB], template["chunks"][1]]))
+    (files / "bad-size.bin%o").write_bytes(manifest(size=10**15))
+    (files / "garbage.bin%o").write_bytes(b"\x00\xff not json")
+    (files / "..%2f..%2fetc%o").write_bytes(manifest())  # an odd but harmless name
+    (root / "intents").mkdir()
+    (root / "intents" / "evil.json%o").write_text(json.dumps(
+        {"v": 1, "op": "rename_dir", "src": "../..", "dst": "stolen", "writer": "x"}))
+    (root / "intents" / "evil2.json%o").write_text(json.dumps(
+        {"v": 1, "op": "rename_dir", "src": "sub", "dst": "../../outside", "writer": "x"}))
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    b = new_node(nodes, str(root), tmp_path, "b", "--missing-chunk-timeout", "2")
+    names = sorted(os.listdir(b.path))
+    # '..%2f..%2fetc' is no escaped name LocalStore writes: listed, unreadable, left out
+    assert names == ["good.bin", "sub"], names
+    assert os.listdir(b / "sub") == []
+    for bad in ("evil.bin", "evil2.bin", "bad-size.bin", "garbage.bin"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(b / bad)
+    assert (b / "good.bin").read_bytes() == good
+    (b / "sub" / "new.bin").write_bytes(b"new")
+    assert (b / "sub" / "new.bin").read_bytes() == b"new"
+    assert status(b)["pid"] == b.pid  # the daemon is alive and well
+    assert b.umount().returncode == 0
+    log = (b.cache / "ckptfs.log").read_text()
+    assert "unsafe" in log and "unreadable manifest" in log, log
+    assert "unreadable rename intent" in log
+    after = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("b-"))
+    assert after == before  # nothing written outside the store
+    assert (root / "intents" / "evil.json%o").exists()  # left alone, not acted on
+    assert (root / "files" / "sub%o").exists() or (root / "files" / "sub").is_dir()
+
+
+# ---------------------------------------------------------------------------- unit level
+def test_directory_rename_completes_under_sustained_throttling(tmp_path: Path) -> None:
+    """A checkpoint directory of 60 files is committed by a directory rename while 10% of
+    the store's COPY requests fail with a transient error (throttling, 503). The rename must
+    finish in bounded time: a failed copy must not throw away the whole pass."""
+    import trio
+
+    from ckptfs.journal import Journal, Op
+    from ckptfs.manifests import DirMarker
+    from ckptfs.publisher import Publisher
+    from ckptfs.store.faulty import FaultyStore
+    from ckptfs.store.local import LocalStore
+
+    (tmp_path / "store").mkdir()
+    store = FaultyStore(LocalStore(tmp_path / "store", fsync=False), seed=3)
+    store.inner.put("files/tmp/", DirMarker().to_json())
+    for i in range(60):
+        store.inner.put(f"files/tmp/rank{i}.pt", b"manifest %d" % i)
+    journal = Journal(str(tmp_path / "journal.sqlite"))
+    store.fail_rate("copy", 0.1)
+    applied: list[bool] = []
+
+    async def main() -> None:
+        pub = Publisher(store, journal, trio.CapacityLimiter(1), "n")
+        seq = journal.add_op("rename_dir", "tmp", "ckpt")
+        pub.enqueue(Op(seq, "rename_dir", "tmp", "ckpt"))
+        async with trio.open_nursery() as n:
+            await n.start(pub.run)
+            with trio.move_on_after(12):
+                while pub.applied_seq < seq:
+                    await trio.sleep(0.05)
+            applied.append(pub.applied_seq >= seq)
+            n.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        journal.close()
+    assert applied == [True], (f"the rename did not finish in 12 s: {store.counts['copy']} "
+                               f"copies for 61 keys")
+    listing = store.inner.list("files/", delimiter=None).objects
+    assert sorted(k for k, _ in listing) == sorted(
+        ["files/ckpt/"] + [f"files/ckpt/rank{i}.pt" for i in range(60)])
