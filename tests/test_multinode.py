@@ -204,3 +204,37 @@ def test_directory_rename_killed_halfway_is_completed_by_the_next_mount(
     assert sorted(p.name for p in (b / "step-7").iterdir()) == sorted(files)
     for name, data in files.items():
         assert (b / "step-7" / name).read_bytes() == data
+
+
+def test_chunks_of_a_lost_writer_give_eio_after_the_bound_and_latest_skips_it(
+        cluster: Callable[..., Mount], seaweed: SeaweedServer) -> None:
+    import errno
+    from mounting import run_cli
+
+    a = cluster("a")
+    for step in (1, 2):
+        (a / f"step-{step}").mkdir()
+        (a / f"step-{step}" / "model.pt").write_bytes(os.urandom(2 * 2**20 + step))
+    run_cli("sync", str(a.path))
+    # node a "died before uploading" step-2's chunks: its manifest is in the store, a
+    # chunk is not (removed here, as if it had never arrived)
+    url = a.store
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    m = __import__("json").loads(seaweed.client().get_object(
+        Bucket=bucket, Key=f"{prefix}/files/step-2/model.pt")["Body"].read())
+    lost = m["chunks"][1][0]
+    seaweed.client().delete_object(Bucket=bucket, Key=f"{prefix}/chunks/{lost[:2]}/{lost}")
+    b = cluster("b", "--missing-chunk-timeout", "2")
+    start = time.monotonic()
+    with pytest.raises(OSError) as e:
+        (b / "step-2" / "model.pt").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert 1.5 < time.monotonic() - start < 30  # waited for the writer, with a bound
+    log = (b.cache / "ckptfs.log").read_text()
+    assert lost in log and "step-2/model.pt" in log and "a-mnt" in log  # file, chunk, writer
+    assert (b / "step-1" / "model.pt").stat().st_size == 2 * 2**20 + 1
+    extra = ["--endpoint-url", a.extra[1]]
+    r = run_cli("verify", url, "step-2", *extra, check=False)
+    assert r.returncode == 1 and lost in r.stdout + r.stderr
+    r = run_cli("latest", url, "", "--pattern", "step-*", *extra)
+    assert r.stdout.strip().endswith("step-1")
