@@ -32,16 +32,16 @@ from .errors import (
     Exists,
     FormatError,
     InvalidArgument,
+    InvalidKeyError,
     IsADirectory,
     MissingChunkError,
+    NameTooLong,
     NoAttribute,
     NoEntry,
     NotADirectory,
     NotEmpty,
     NotFoundError,
     NotPermitted,
-    InvalidKeyError,
-    NameTooLong,
     NotSupported,
     StoreError,
 )
@@ -275,9 +275,7 @@ class CheckpointFS:
         for name, child in list(dnode.children.items()):
             if self._pinned(child) or changed_here(name):
                 continue
-            if child.is_dir and name not in remote_dirs:
-                self._detach(child)
-            elif not child.is_dir and name not in remote_files:
+            if name not in (remote_dirs if child.is_dir else remote_files):
                 self._detach(child)
         to_read: list[tuple[str, int]] = []
         for name, size in remote_files.items():

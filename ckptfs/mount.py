@@ -19,7 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import pyfuse3
@@ -31,7 +31,7 @@ from .chunking import FixedChunker
 from .config import MountConfig, default_cache_dir
 from .control import ControlServer
 from .crashpoints import crash_point
-from .errors import ConfigError, NotFoundError, StoreError
+from .errors import ConfigError, NotFoundError
 from .fetcher import Fetcher
 from .filesystem import CheckpointFS, Options
 from .fuseops import FuseOps
@@ -247,10 +247,3 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
 def _lazy_unmount(mountpoint: str) -> None:
     subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def config_summary(cfg: MountConfig) -> dict[str, Any]:
-    return asdict(cfg)
-
-
-__all__ = ["prepare", "serve", "Prepared", "StoreError"]

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import random
+import sqlite3
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor

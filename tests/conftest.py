@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mounting import Mount
 from seaweed import SeaweedServer
 
 from ckptfs.store.local import LocalStore
@@ -56,3 +57,13 @@ def local_store(tmp_path: Path) -> LocalStore:
     root = tmp_path / "store"
     root.mkdir()
     return LocalStore(root)
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[Mount]]:
+    """Mounts ("nodes") made by a test: every one appended here is unmounted (lazily, its
+    daemon stopped) at the end, even when the test fails."""
+    made: list[Mount] = []
+    yield made
+    for m in made:
+        m.cleanup()

@@ -10,7 +10,6 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,13 +50,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreUnderTest:
     return StoreUnderTest(f"s3://{bucket}/{prefix}", ["--endpoint-url", seaweed.endpoint], count)
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[list[Mount]]:
-    """Mounts created by a test; all are unmounted at the end, even on failure."""
-    made: list[Mount] = []
-    yield made
-    for m in made:
-        m.cleanup()
+
 
 
 def training_state(megabytes: int = 200) -> dict[str, object]:

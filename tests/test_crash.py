@@ -27,7 +27,7 @@ import os
 import random
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -240,11 +240,8 @@ CASES = [
 
 
 @pytest.fixture
-def mounts() -> Iterator[list[Mount]]:
-    made: list[Mount] = []
-    yield made
-    for m in made:
-        m.cleanup()
+def mounts(nodes: list[Mount]) -> list[Mount]:
+    return nodes
 
 
 def walk(root: Path) -> State:

@@ -24,13 +24,7 @@ MiB = 2**20
 
 
 # ---------------------------------------------------------------------------- helpers
-@pytest.fixture
-def nodes() -> Iterator[list[Mount]]:
-    """Every Mount appended here is unmounted (lazily, and its daemon stopped) at the end."""
-    made: list[Mount] = []
-    yield made
-    for m in made:
-        m.cleanup()
+
 
 
 def new_node(nodes: list[Mount], store: str, root: Path, name: str, *extra: str,

@@ -7,8 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +21,7 @@ def store(tmp_path: Path) -> str:
     return str(root)
 
 
-@pytest.fixture
-def nodes() -> Iterator[list[Mount]]:
-    made: list[Mount] = []
-    yield made
-    for m in made:
-        m.cleanup()
+
 
 
 def node(nodes: list[Mount], store: str, root: Path, name: str, *extra: str) -> Mount:

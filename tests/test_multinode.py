@@ -209,6 +209,7 @@ def test_directory_rename_killed_halfway_is_completed_by_the_next_mount(
 def test_chunks_of_a_lost_writer_give_eio_after_the_bound_and_latest_skips_it(
         cluster: Callable[..., Mount], seaweed: SeaweedServer) -> None:
     import errno
+
     from mounting import run_cli
 
     a = cluster("a")
