@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import re
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -288,13 +287,10 @@ def _alive(pid: int) -> bool:
 
 
 def journal_counts(cache_dir: str) -> tuple[int, int]:
-    db = sqlite3.connect(f"file:{os.path.join(cache_dir, 'journal.sqlite')}?mode=ro", uri=True)
-    try:
-        c = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-        o = db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
-    finally:
-        db.close()
-    return int(c), int(o)
+    """(chunks, metadata ops) a stopped mount left in its cache directory's journal."""
+    from .journal import read_counts
+
+    return read_counts(os.path.join(cache_dir, "journal.sqlite"))
 
 
 # ---------------------------------------------------------------------------- store tools
@@ -586,6 +582,14 @@ def add_store_tools(sub: Any) -> None:
         p.add_argument("--region", help="S3 region (default: the AWS config chain)")
         p.set_defaults(error_exit=EXIT_ERROR)
 
+    def tree_arguments(p: argparse.ArgumentParser, verb: str, deep: str) -> None:
+        """TARGET [PATH] --json plus the common options (verify, ls)."""
+        p.add_argument("target", metavar="TARGET", help="mounted path, or STORE")
+        p.add_argument("path", metavar="PATH", nargs="?", default="",
+                       help=f"with STORE: the file or directory to {verb} (default: everything)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        common(p, deep)
+
     deep_help = ("fetch every chunk and re-hash it (finds corrupt chunks; reads all the data) "
                  "instead of only checking that it exists")
     v = sub.add_parser(
@@ -597,11 +601,7 @@ def add_store_tools(sub: Any) -> None:
         "done. " + STORE_HELP,
         epilog="examples: ckptfs verify /mnt/ckpt/step-1000 | "
         "ckptfs verify s3://bucket/run7 step-1000 --deep")
-    v.add_argument("target", metavar="TARGET", help="mounted path, or STORE")
-    v.add_argument("path", metavar="PATH", nargs="?", default="",
-                   help="with STORE: the file or directory to check (default: everything)")
-    v.add_argument("--json", action="store_true", help="machine-readable output")
-    common(v, deep_help)
+    tree_arguments(v, "check", deep_help)
     v.set_defaults(func=cmd_verify)
 
     ls = sub.add_parser(
@@ -610,11 +610,7 @@ def add_store_tools(sub: Any) -> None:
         "bytes, mtime, the node that wrote it, and its state: ok, `missing N` (N chunks not "
         "in the store), `corrupt N` (with --deep) or unreadable. Exit 0 when the listing "
         "worked, 2 when not. " + STORE_HELP)
-    ls.add_argument("target", metavar="TARGET", help="mounted path, or STORE")
-    ls.add_argument("path", metavar="PATH", nargs="?", default="",
-                    help="with STORE: the file or directory to list (default: everything)")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
-    common(ls, deep_help)
+    tree_arguments(ls, "list", deep_help)
     ls.set_defaults(func=cmd_ls)
 
     la = sub.add_parser(

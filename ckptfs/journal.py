@@ -40,6 +40,21 @@ CREATE TABLE IF NOT EXISTS meta (
 """
 
 
+def _counts(db: sqlite3.Connection) -> tuple[int, int]:
+    c = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    o = db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
+    return int(c), int(o)
+
+
+def read_counts(path: str) -> tuple[int, int]:
+    """Journal.counts() of a journal not in use (read-only: e.g. after the daemon exited)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return _counts(db)
+    finally:
+        db.close()
+
+
 @dataclass(frozen=True)
 class PendingChunk:
     """A chunk of a published file whose bytes are only in the local cache."""
@@ -133,9 +148,7 @@ class Journal:
     def counts(self) -> tuple[int, int]:
         """(pending chunks, pending ops): both zero means everything is in the store."""
         with self._lock:
-            c = self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-            o = self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
-        return int(c), int(o)
+            return _counts(self._db)
 
     # -- meta ---------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
