@@ -22,6 +22,22 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
+_scratch = threading.local()
+
+
+def pread_scratch(fd: int, length: int, offset: int) -> memoryview:
+    """Read into the calling thread's reusable buffer (no new memory per chunk).
+
+    The view is valid until this thread's next call; it may be shorter at end of file.
+    Fresh memory is the expensive part of moving gigabytes (page faults, and on VMs a
+    fault in the host too), so the threads that hash and upload chunks reuse one buffer.
+    """
+    buf: bytearray | None = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < length:
+        buf = _scratch.buf = bytearray(length)
+    view = memoryview(buf)[:length]
+    return view[:os.preadv(fd, [view], offset)]
+
 
 @dataclass(eq=False)
 class StagingFile:

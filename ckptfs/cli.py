@@ -49,6 +49,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
         endpoint_url=a.endpoint_url or os.environ.get("AWS_ENDPOINT_URL"), region=a.region,
         chunk_size=parse_size(a.chunk_size, "--chunk-size"),
         upload_threads=a.upload_threads, fetch_threads=a.fetch_threads,
+        uploads_while_writing=a.uploads_while_writing,
         metadata_ttl=a.metadata_ttl, missing_chunk_timeout=a.missing_chunk_timeout,
         fsync_to_store=a.fsync_to_store, allow_other=a.allow_other,
         foreground=a.foreground, debug=a.debug, node_id=a.node_id or "")
@@ -531,6 +532,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--region", help="S3 region (default: the AWS config chain)")
     m.add_argument("--chunk-size", default="16M", help="chunk size of a NEW store (16M)")
     m.add_argument("--upload-threads", type=int, default=8)
+    m.add_argument("--uploads-while-writing", type=int, default=None, metavar="N",
+                   help="uploads that may run while a save streams in; the rest wait until "
+                        "it pauses (default: the cores beyond two, so 0 on a 2-core node)")
     m.add_argument("--fetch-threads", type=int, default=8)
     m.add_argument("--metadata-ttl", type=float, default=1.0,
                    help="seconds a listing or manifest is trusted before re-reading (1.0)")

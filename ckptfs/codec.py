@@ -29,6 +29,7 @@ HEADER_SIZE = _HEADER.size  # 16
 HASH_NAME = "xxh3-128"
 
 Buffer = bytes | bytearray | memoryview
+Hasher = xxhash.xxh3_128
 
 
 def chunk_hash(data: Buffer) -> str:
@@ -36,17 +37,30 @@ def chunk_hash(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+def chunk_hasher() -> Hasher:
+    """An incremental chunk_hash(): update() with the chunk's bytes in order, then
+    hexdigest() (which may be asked again after more updates)."""
+    return xxhash.xxh3_128()
+
+
 def encode_chunk(data: Buffer) -> tuple[bytes, int]:
     """Header + payload for `data`, lz4-compressed when that makes it smaller.
 
     Returns (blob, codec id).
     """
+    parts, codec = encode_chunk_parts(data)
+    return b"".join(parts), codec
+
+
+def encode_chunk_parts(data: Buffer) -> tuple[list[Buffer], int]:
+    """encode_chunk() as [header, payload], the payload of a raw chunk being `data`
+    itself (no copy). Returns (parts, codec id)."""
     raw_len = len(data)
     if raw_len and _worth_compressing(data):
         compressed = lz4.block.compress(data, store_size=False)
         if len(compressed) < raw_len:
-            return _HEADER.pack(MAGIC, CODEC_LZ4, raw_len) + compressed, CODEC_LZ4
-    return _HEADER.pack(MAGIC, CODEC_RAW, raw_len) + bytes(data), CODEC_RAW
+            return [_HEADER.pack(MAGIC, CODEC_LZ4, raw_len), compressed], CODEC_LZ4
+    return [_HEADER.pack(MAGIC, CODEC_RAW, raw_len), data], CODEC_RAW
 
 
 SAMPLE = 64 * 1024

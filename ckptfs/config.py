@@ -40,6 +40,7 @@ class MountConfig:
     region: str | None = None
     chunk_size: int = 16 << 20  # only used when creating a new store
     upload_threads: int = 8  # memory: ~2 chunks each in flight
+    uploads_while_writing: int | None = None  # None: the cores beyond two (uploader.py)
     fetch_threads: int = 8  # memory: ~2 chunks each in flight
     readahead_chunks: int = 4
     metadata_ttl: float = 1.0
@@ -57,3 +58,5 @@ class MountConfig:
         for name in ("upload_threads", "fetch_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
+            raise ConfigError("--uploads-while-writing must be at least 0")

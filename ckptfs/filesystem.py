@@ -24,7 +24,7 @@ from typing import TypeVar
 import trio
 
 from . import codec, manifests
-from .cache import LocalCache, StagingFile
+from .cache import LocalCache, StagingFile, pread_scratch
 from .chunking import FixedChunker
 from .crashpoints import crash_point
 from .errors import (
@@ -91,6 +91,9 @@ class WriteBuffer:
     versions: dict[int, int] = field(default_factory=dict)  # chunk -> writes so far
     hashes: dict[int, tuple[str, int]] = field(default_factory=dict)  # chunk -> (hash, version)
     seq_end: int = 0  # end of the sequentially written prefix (early upload frontier)
+    # the hash of chunk `stream_chunk` so far, fed by sequential writes (see _stream_hash)
+    stream: codec.Hasher | None = None
+    stream_chunk: int = -1
 
     def is_local(self, index: int) -> bool:
         return index >= len(self.base) or index in self.local
@@ -272,15 +275,15 @@ class CheckpointFS:
                 and self.publisher.is_pending(manifests.join(dnode.path, n)))]:
             remote_dirs.discard(name)  # deleted or renamed away here, not yet in the store
             remote_files.pop(name, None)
-        for name, child in list(dnode.children.items()):
-            if self._pinned(child) or changed_here(name):
+        for name, known in list(dnode.children.items()):
+            if self._pinned(known) or changed_here(name):
                 continue
-            if name not in (remote_dirs if child.is_dir else remote_files):
-                self._detach(child)
+            if name not in (remote_dirs if known.is_dir else remote_files):
+                self._detach(known)
         to_read: list[tuple[str, int]] = []
         for name, size in remote_files.items():
-            child = dnode.children.get(name)
-            if child is None or (not self._pinned(child) and child.manifest_key_size != size):
+            have = dnode.children.get(name)
+            if have is None or (not self._pinned(have) and have.manifest_key_size != size):
                 to_read.append((name, size))
         new_dirs: list[str] = []
         for name in remote_dirs:
@@ -795,6 +798,7 @@ class CheckpointFS:
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         node = self.handle(fh).node
+        self.uploader.writes.note(len(data))
         if self.cache.dirty_bytes >= self.cache.limit_bytes:
             await self._wait_for_space()
         async with node.lock:
@@ -813,10 +817,35 @@ class CheckpointFS:
             for i in touched:
                 self._mark_written(buf, i)
             node.mtime_ns = time.time_ns()
+            if offset == buf.seq_end:
+                self._stream_hash(buf, offset, data)
+            else:
+                buf.stream = None
             if offset <= buf.seq_end < end:
                 self._upload_early(buf, buf.seq_end, end)
                 buf.seq_end = end
         return len(data)
+
+    def _stream_hash(self, buf: WriteBuffer, offset: int, data: bytes) -> None:
+        """Hash chunks as a sequential write stream fills them, so that close has nothing
+        left to read back and hash but the tail: the bytes are in hand and hot in the CPU
+        cache. Valid because only writes at seq_end feed the hash and any other write
+        drops it; a chunk is hashed only if the stream covered it from its first byte."""
+        view = memoryview(data)
+        pos = 0
+        while pos < len(view):
+            at = offset + pos
+            i = at // self.chunk_size
+            chunk_start = i * self.chunk_size
+            take = min(len(view) - pos, chunk_start + self.chunk_size - at)
+            if at == chunk_start:
+                buf.stream, buf.stream_chunk = codec.chunk_hasher(), i
+            if buf.stream is not None and buf.stream_chunk == i:
+                buf.stream.update(view[pos:pos + take])
+                if at + take == chunk_start + self.chunk_size:
+                    buf.hashes[i] = (buf.stream.hexdigest(), buf.versions.get(i, 0))
+                    buf.stream = None
+            pos += take
 
     async def _grow(self, node: Node, buf: WriteBuffer, size: int) -> None:
         """Extend the buffer to `size`: the old partial tail chunk and the gap become local."""
@@ -849,6 +878,8 @@ class CheckpointFS:
                 UploadJob(buf.staging, start, self.chunk_size, on_done=done))
 
     async def _truncate(self, node: Node, size: int) -> None:
+        if node.buffer is not None:
+            node.buffer.stream = None
         if size == 0:  # O_TRUNC: a fresh, empty version
             if node.buffer is not None:
                 old = node.buffer.staging
@@ -886,6 +917,9 @@ class CheckpointFS:
         assert buf is not None
         st = buf.staging
         count = self.chunker.count(buf.size)
+        if buf.stream is not None and buf.seq_end == buf.size:  # the streamed partial tail
+            buf.hashes[buf.stream_chunk] = (buf.stream.hexdigest(),
+                                            buf.versions.get(buf.stream_chunk, 0))
         to_hash = [i for i in range(count) if buf.is_local(i) and (
             i not in buf.hashes or buf.hashes[i][1] != buf.versions.get(i, 0))]
         spans = [self.chunker.span(i, buf.size) for i in to_hash]
@@ -926,7 +960,7 @@ class CheckpointFS:
 
     @staticmethod
     def _hash_spans(fd: int, spans: list[tuple[int, int]]) -> list[str]:
-        return [codec.chunk_hash(os.pread(fd, end - start, start)) for start, end in spans]
+        return [codec.chunk_hash(pread_scratch(fd, end - start, start)) for start, end in spans]
 
     # ===================================================================== read path
     async def read(self, fh: int, offset: int, size: int) -> bytes:

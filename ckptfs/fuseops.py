@@ -49,6 +49,15 @@ def to_errno(e: BaseException) -> int:
     return errno.EIO
 
 
+def direct_io(flags: int) -> bool:
+    """Write-only opens bypass the kernel page cache (FOPEN_DIRECT_IO): each write goes
+    to the daemon straight from the writer's pages, without a second copy in the FUSE
+    inode's page cache and without the security.capability getxattr the kernel sends
+    before every cached write. Such a descriptor cannot be mmapped anyway; readers
+    (O_RDONLY, O_RDWR) keep the page cache, so mmap works for them."""
+    return flags & os.O_ACCMODE == os.O_WRONLY
+
+
 def fuse_errors(fn: F) -> F:
     """Turn the project's exceptions into FUSEError(errno); log unexpected ones."""
 
@@ -82,7 +91,6 @@ class FuseOps(pyfuse3.Operations):
     """pyfuse3 request handlers over a CheckpointFS."""
 
     supports_dot_lookup = False
-    enable_writeback_cache = bool(os.environ.get("CKPTFS_WRITEBACK_CACHE"))
 
     def __init__(self, fs: CheckpointFS) -> None:
         super().__init__()
@@ -217,13 +225,13 @@ class FuseOps(pyfuse3.Operations):
     @fuse_errors
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
         fh, keep_cache = await self.fs.open(inode, flags)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache, direct_io=direct_io(flags))
 
     @fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:
         fh, node = await self.fs.create(parent_inode, os.fsdecode(name), mode, flags)
-        return pyfuse3.FileInfo(fh=fh), self._looked_up(node)
+        return pyfuse3.FileInfo(fh=fh, direct_io=direct_io(flags)), self._looked_up(node)
 
     @fuse_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:

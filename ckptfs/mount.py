@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -157,7 +158,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
 
     async def main() -> int:
         journal_limiter = trio.CapacityLimiter(1)
-        uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads)
+        uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
+                            cfg.uploads_while_writing)
         fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
         publisher = Publisher(p.store, p.journal, journal_limiter,
                               f"{cfg.node_id}-{p.journal.get_meta('cache_id')}")
@@ -194,7 +196,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
             await nursery.start(publisher.run)
             await nursery.start(control.serve)
             nursery.start_soon(_on_signals, cfg.mountpoint, unmounted)
-            nursery.start_soon(trio.to_thread.run_sync, tune_readahead, cfg.mountpoint)
+            nursery.start_soon(functools.partial(trio.to_thread.run_sync, tune_readahead,
+                                                 cfg.mountpoint))
             ready(None)
             log.info("mounted %s on %s (cache %s)", p.store.url, cfg.mountpoint, cfg.cache_dir)
             await pyfuse3.main()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import trio
 
 from . import codec, manifests
-from .cache import LocalCache, StagingFile
+from .cache import LocalCache, StagingFile, pread_scratch
 from .crashpoints import crash_point
 from .errors import StoreError, TransientStoreError
 from .journal import Journal, PendingChunk
@@ -39,6 +39,8 @@ from .store.base import Store
 log = logging.getLogger(__name__)
 
 UPLOAD_NICE = 10  # uploads yield the CPU to the training process and the FUSE loop
+STREAM_WINDOW = 0.25  # seconds: writes this recent, and this many bytes of them, ...
+STREAM_BYTES = 16 << 20  # ... mean a save is streaming in (see WriterActivity)
 BACKOFF_START = 0.2
 BACKOFF_MAX = 30.0
 PERMANENT_RETRY = 30.0
@@ -107,11 +109,48 @@ class _Rate:
         return sum(n for _, n in self.samples) / self.window
 
 
+class WriterActivity:
+    """Whether a save is streaming into the mount: >= STREAM_BYTES written within the
+    last two STREAM_WINDOWs and a write within the last one. A trickle (a log file
+    appended every second) is not a stream."""
+
+    def __init__(self) -> None:
+        self.last_write = -math.inf
+        self._window_start = -math.inf
+        self._bytes = self._previous_bytes = 0
+
+    def note(self, nbytes: int) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= STREAM_WINDOW:
+            recent = now - self._window_start < 2 * STREAM_WINDOW
+            self._previous_bytes = self._bytes if recent else 0
+            self._window_start, self._bytes = now, 0
+        self._bytes += nbytes
+        self.last_write = now
+
+    def quiet_in(self) -> float:
+        """0 if no save is streaming, else how long until it could count as stopped."""
+        left = self.last_write + STREAM_WINDOW - time.monotonic()
+        if left <= 0 or self._bytes + self._previous_bytes < STREAM_BYTES:
+            return 0.0
+        return left
+
+
 class Uploader:
-    """Owns which chunks are in the store, pending, or being uploaded."""
+    """Owns which chunks are in the store, pending, or being uploaded.
+
+    Uploads yield to a streaming save: while one streams in, at most `overlap_workers`
+    uploads run (default: the cores left after the writer and the FUSE loop, zero on a
+    2-core node), because copying, hashing and sending chunks beside the save slows the
+    save down more than it brings durability forward (docs/PERFORMANCE.md). Queued chunks
+    start as soon as the stream pauses, or at once when anybody waits for uploads
+    (wait_changed(): a writer at the cache limit, fsync, sync, umount) or dirty data
+    reaches half the cache limit.
+    """
 
     def __init__(self, store: Store, cache: LocalCache, journal: Journal,
-                 journal_limiter: trio.CapacityLimiter, workers: int = 8) -> None:
+                 journal_limiter: trio.CapacityLimiter, workers: int = 8,
+                 overlap_workers: int | None = None) -> None:
         self.store = store
         self.cache = cache
         self.journal = journal
@@ -119,6 +158,13 @@ class Uploader:
         self.limiter = trio.CapacityLimiter(workers)
         self.limiter.name = "upload"  # type: ignore[attr-defined]
         self.workers = workers
+        if overlap_workers is None:
+            overlap_workers = max(0, (os.cpu_count() or 1) - 2)
+        self.overlap_workers = overlap_workers
+        self.writes = WriterActivity()
+        self._running = 0  # jobs past the writer gate
+        self._held = 0  # jobs waiting at it
+        self._waiters = 0  # tasks in wait_changed()
         self.in_store: set[str] = set()
         self._puts: dict[str, _Put] = {}
         self._puts_lock = threading.Lock()
@@ -196,7 +242,7 @@ class Uploader:
             st = self.cache.staging.get(c.staging_id)
             try:
                 ok = st is not None and codec.chunk_hash(
-                    os.pread(st.fd, c.length, c.offset)) == c.hash
+                    pread_scratch(st.fd, c.length, c.offset)) == c.hash
             except OSError:
                 ok = False
             out.append(ok)
@@ -212,16 +258,22 @@ class Uploader:
 
     def busy(self) -> bool:
         """Whether uploads are queued or running (so dirty data will shrink)."""
-        return self._uploading_bytes > 0 or self._receive.statistics().current_buffer_used > 0
+        return (self._uploading_bytes > 0 or self._held > 0
+                or self._receive.statistics().current_buffer_used > 0)
 
     def pending_count(self) -> int:
         """Chunks journaled and not yet in the store."""
         return len(self._journaled)
 
     async def wait_changed(self) -> None:
-        """Return after the next upload finishes or fails (for back-pressure and sync)."""
-        async with self._changed:
-            await self._changed.wait()
+        """Return after the next upload finishes or fails (for back-pressure and sync).
+        Uploads held back for a streaming save start at once while anybody waits here."""
+        self._waiters += 1
+        try:
+            async with self._changed:
+                await self._changed.wait()
+        finally:
+            self._waiters -= 1
 
     def statistics(self) -> UploaderStatistics:
         return UploaderStatistics(
@@ -242,7 +294,25 @@ class Uploader:
 
     async def _worker(self) -> None:
         async for job in self._receive:
-            await self._upload_with_retries(job)
+            await self._yield_to_writers()
+            self._running += 1
+            try:
+                await self._upload_with_retries(job)
+            finally:
+                self._running -= 1
+
+    async def _yield_to_writers(self) -> None:
+        """Hold this worker while a save streams in (see the class docstring)."""
+        self._held += 1
+        try:
+            while (self._running >= self.overlap_workers and self._waiters == 0
+                   and self.cache.dirty_bytes < self.cache.limit_bytes // 2):
+                wait = self.writes.quiet_in()
+                if wait <= 0:
+                    return
+                await trio.sleep(min(wait, 0.05))
+        finally:
+            self._held -= 1
 
     async def _upload_with_retries(self, job: UploadJob) -> None:
         delay = BACKOFF_START
@@ -295,7 +365,7 @@ class Uploader:
             return self._upload_sync_now(job)
 
     def _upload_sync_now(self, job: UploadJob) -> tuple[str | None, int]:
-        data = os.pread(job.staging.fd, job.length, job.offset)
+        data = pread_scratch(job.staging.fd, job.length, job.offset)
         chunk_hash = codec.chunk_hash(data)
         if len(data) != job.length or (job.hash is not None and chunk_hash != job.hash):
             return None, 0
@@ -315,11 +385,11 @@ class Uploader:
             if self.store.head(key) is not None:
                 stored = 0
             else:
-                blob, _ = codec.encode_chunk(data)
+                parts, _ = codec.encode_chunk_parts(data)
                 crash_point("chunk_before_put")
-                self.store.put(key, blob)
+                self.store.put_parts(key, parts)
                 crash_point("chunk_after_put")
-                stored = len(blob)
+                stored = sum(len(p) for p in parts)
             mine.ok = True
             return chunk_hash, stored
         finally:

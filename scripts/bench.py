@@ -10,6 +10,12 @@ Per target: save stall (until torch.save returns), time to durable (save + umoun
 save + fsync for local, or the PUT for raw), cold load (fresh cache / after the PUT), bytes
 stored, daemon peak RSS. Run as root (drops the page cache before cold loads).
 
+Every timed save starts from the same state: page cache dropped, then 2 s idle. On a VM
+that hands free memory back to its host (this one does: virtio-balloon free page
+reporting), a page touched for the first time costs a fault in the host too, and how
+recently memory was freed changed one save's time by up to 4x here; without this, the
+target that runs right after a cache drop wins.
+
     .venv/bin/python scripts/bench.py --gib 1 --runs 3
 """
 
@@ -47,6 +53,12 @@ def drop_caches() -> None:
         pass
 
 
+def settle() -> None:
+    """The same starting state for every timed save (see the module docstring)."""
+    drop_caches()
+    time.sleep(2)
+
+
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -68,6 +80,7 @@ def run(*args: str) -> str:
 def bench_local(work: Path, state: dict[str, torch.Tensor]) -> dict[str, float]:
     d = work / "local"
     d.mkdir(exist_ok=True)
+    settle()
     t0 = time.perf_counter()
     torch.save(state, d / "ckpt.pt")
     save = time.perf_counter() - t0
@@ -95,6 +108,7 @@ def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: 
     run("mount", store, str(mnt), "--cache-dir", str(cache), *extra)
     import json
     pid = json.loads(run("status", str(mnt), "--json"))["pid"]
+    settle()
     t0 = time.perf_counter()
     torch.save(state, mnt / "ckpt.pt")
     save = time.perf_counter() - t0

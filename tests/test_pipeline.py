@@ -317,6 +317,51 @@ def test_uploader_early_job_calls_on_done(store: RecordingStore, cache: LocalCac
     run(main)
 
 
+def test_uploader_yields_to_a_streaming_save(store: RecordingStore, cache: LocalCache,
+                                             journal: Journal) -> None:
+    """With no upload allowed beside a save (a 2-core node), a queued chunk waits while
+    writes stream in, goes at once when somebody waits for uploads, and otherwise as
+    soon as the stream pauses. A trickle of small writes is not a stream."""
+    rate = {"bytes": 0}
+
+    async def writer() -> None:
+        while True:
+            if rate["bytes"]:
+                up.writes.note(rate["bytes"])
+            await trio.sleep(0.01)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            n.start_soon(writer)
+            rate["bytes"] = 100  # 10 KB/s: a log file, not a save
+            await trio.sleep(0.1)
+            st, _, _ = await published(up, cache, os.urandom(64 * KiB))
+            await settled(up, st)
+
+            rate["bytes"] = 4 << 20  # 400 MB/s: a save
+            await trio.sleep(0.1)
+            st, _, _ = await published(up, cache, os.urandom(64 * KiB))
+            await trio.sleep(0.5)
+            assert up.pending_count() == 1 and store.counts["put"] == 1  # held
+            assert up.busy()  # so that a writer at the cache limit waits for it
+            with trio.fail_after(2):
+                await up.wait_changed()  # as sync, fsync and back-pressure do
+            await settled(up, st)
+            assert store.counts["put"] == 2
+
+            st, _, _ = await published(up, cache, os.urandom(64 * KiB))
+            await trio.sleep(0.5)
+            assert up.pending_count() == 1
+            rate["bytes"] = 0  # the save ends
+            with trio.fail_after(1):
+                await settled(up, st)
+            n.cancel_scope.cancel()
+
+    up = Uploader(store, cache, journal, trio.CapacityLimiter(1), overlap_workers=0)
+    run(main)
+
+
 # -- Fetcher -----------------------------------------------------------------------------
 
 async def with_fetcher(store: FaultyStore, cache: LocalCache,

@@ -21,11 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
+import xxhash
 from mounting import Mount, run_cli
 
-from ckptfs.manifests import Manifest
+from ckptfs.manifests import Manifest, file_key
 from ckptfs.store.local import LocalStore
 
 MiB = 1 << 20
@@ -447,7 +449,8 @@ def test_large_sequential_file_16m_chunks(tmp_path: Path) -> None:
             f.writelines(blob[i:i + 4 * MiB] for i in range(0, len(blob), 4 * MiB))
         assert os.path.getsize(m / "big") == len(blob)
         same((m / "big").read_bytes(), blob)
-        assert len(c.chunk_files()) >= 4
+        # uploaded in the background, with nobody waiting (no sync, no umount)
+        assert wait_until(lambda: len(c.chunk_files()) >= 4)
         other = c.remount(m)
         same((other / "big").read_bytes(), blob)
         with open(other / "big", "rb") as f:  # reads spanning a chunk boundary
@@ -503,6 +506,67 @@ def test_partial_overwrite_of_remote_chunks(cluster: Cluster, mnt: Mount, tmp_pa
         f.write(b"tail")
     fourth = cluster.remount(third)
     same((fourth / "w").read_bytes(), bytes(want) + b"tail")
+
+
+def chunk_names(blob: bytes) -> list[str]:
+    return [xxhash.xxh3_128_hexdigest(blob[i:i + CHUNK]) for i in range(0, len(blob), CHUNK)]
+
+
+def test_chunks_hashed_while_streaming_are_named_right(cluster: Cluster, mnt: Mount,
+                                                       tmp_path: Path) -> None:
+    """Sequential writes hash chunks as they fill them; every way of breaking the stream
+    (a rewrite behind its frontier, truncation, a gap ahead, fsync of a partial tail)
+    must still publish each chunk under the name of its final bytes."""
+    blob = data(4 * CHUNK, 17)
+    step = CHUNK // 3 + 7  # writes that straddle chunk boundaries
+
+    def stream(f: Any, start: int, end: int) -> None:
+        for off in range(start, end, step):
+            f.write(blob[off:min(off + step, end)])
+
+    def published(name: str) -> list[str]:
+        run_cli("sync", str(mnt.path))
+        m = Manifest.from_json(LocalStore(cluster.store).get(file_key(name)))
+        return [h for h, _ in m.chunks]
+
+    def fsync_tail(f: Any) -> None:
+        stream(f, 0, CHUNK + 500)
+        f.flush()
+        os.fsync(f.fileno())  # publishes a streamed partial tail
+        if f.name == str(mnt / "s"):
+            assert published("s") == chunk_names(blob[:CHUNK + 500])
+        stream(f, CHUNK + 500, 2 * CHUNK + 10)
+
+    def rewrite_behind(f: Any) -> None:  # inside the chunk being streamed
+        stream(f, 0, CHUNK + 500)
+        f.seek(CHUNK + 100)
+        f.write(b"behind")
+        f.seek(CHUNK + 500)
+        stream(f, CHUNK + 500, 3 * CHUNK + 10)
+
+    def truncate(f: Any) -> None:
+        stream(f, 0, 2 * CHUNK + 5000)
+        f.truncate(2 * CHUNK + 100)
+        f.seek(2 * CHUNK + 100)
+        stream(f, 2 * CHUNK + 100, 3 * CHUNK + 50)
+
+    def gap_ahead(f: Any) -> None:
+        stream(f, 0, CHUNK + 10)
+        f.seek(2 * CHUNK)
+        f.write(b"ahead")
+        f.seek(CHUNK + 10)
+        stream(f, CHUNK + 10, 2 * CHUNK + 3)
+
+    ref = tmp_path / "ref"
+    for scenario in (fsync_tail, rewrite_behind, truncate, gap_ahead):
+        for target in (mnt / "s", ref):
+            with open(target, "wb") as f:
+                scenario(f)
+        want = ref.read_bytes()
+        same((mnt / "s").read_bytes(), want)
+        assert published("s") == chunk_names(want), scenario.__name__
+    other = cluster.remount(mnt)  # fetching verifies every chunk against its name
+    same((other / "s").read_bytes(), want)
 
 
 def test_sparse_writes(cluster: Cluster, mnt: Mount, tmp_path: Path) -> None:
@@ -928,6 +992,30 @@ def test_mmap_reads(cluster: Cluster, mnt: Mount) -> None:
                 same(shared[CHUNK - 5:CHUNK + 5], blob[CHUNK - 5:CHUNK + 5])
             with mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as priv:
                 same(priv[:], blob)
+
+
+def test_readers_see_write_only_writers(mnt: Mount) -> None:
+    """Write-only descriptors bypass the page cache (direct I/O): a reader that already
+    cached the old bytes, by read() or by mmap, must still see the new ones."""
+    p = mnt / "coherent"
+    write(p, data(2 * CHUNK, 16))
+    r = os.open(p, os.O_RDONLY)
+    try:
+        with mmap.mmap(r, 0, prot=mmap.PROT_READ) as view:
+            assert os.pread(r, 4, CHUNK) == view[CHUNK:CHUNK + 4] != b"new!"
+            w = os.open(p, os.O_WRONLY)
+            try:
+                assert os.pwrite(w, b"new!", CHUNK) == 4
+                assert os.pread(r, 4, CHUNK) == b"new!"
+                assert view[CHUNK:CHUNK + 4] == b"new!"
+            finally:
+                os.close(w)
+            assert os.pread(r, 4, CHUNK) == b"new!"
+    finally:
+        os.close(r)
+    with open(p, "rb") as again:
+        again.seek(CHUNK)
+        assert again.read(4) == b"new!"
 
 
 # ------------------------------------------------------------------------------ concurrency

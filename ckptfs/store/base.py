@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -53,6 +53,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Store `data` under `key`, atomically replacing any old object."""
+
+    def put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """put() of the concatenation of `parts` (stores that can write them one after
+        the other without joining them first override this)."""
+        self.put(key, b"".join(parts))
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes:

@@ -6,7 +6,7 @@ import contextlib
 import errno
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..errors import InvalidKeyError, NotFoundError, PermanentStoreError, TransientStoreError
@@ -35,11 +35,16 @@ def unescape(name: str) -> str:
     return name.replace("%25", "%")
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     """Write every byte of `data` to `fd` (os.write may write less), without copying."""
     view = memoryview(data).cast("B")
     while view:
         view = view[os.write(fd, view) :]
+
+
+def write_parts(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+    for part in parts:
+        write_all(fd, part)
 
 
 def fsync_dir(path: Path) -> None:
@@ -130,6 +135,8 @@ class LocalStore(Store):
                 fill(fd)
                 if self.fsync:
                     os.fsync(fd)
+                    # the page cache copy is clean now and nobody here reads it again
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -142,9 +149,12 @@ class LocalStore(Store):
                 fsync_dir(d)
 
     def put(self, key: str, data: bytes | memoryview) -> None:
+        self.put_parts(key, [data])
+
+    def put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         path = self._path(key)
         with self._errors("put", key):
-            self._publish(path, lambda fd: write_all(fd, data))
+            self._publish(path, lambda fd: write_parts(fd, parts))
 
     def copy(self, src: str, dst: str) -> None:
         src_path, dst_path = self._path(src), self._path(dst)
