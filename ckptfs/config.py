@@ -40,7 +40,7 @@ class MountConfig:
     region: str | None = None
     chunk_size: int = 16 << 20  # only used when creating a new store
     upload_threads: int = 8  # memory: ~2 chunks each in flight
-    uploads_while_writing: int | None = None  # None: the cores beyond two (uploader.py)
+    uploads_while_writing: int | None = None  # None: max(2, cores - 2) (uploader.py)
     fetch_threads: int = 8  # memory: ~2 chunks each in flight
     readahead_chunks: int = 4
     metadata_ttl: float = 1.0

@@ -140,12 +140,12 @@ class Uploader:
     """Owns which chunks are in the store, pending, or being uploaded.
 
     Uploads yield to a streaming save: while one streams in, at most `overlap_workers`
-    uploads run (default: the cores left after the writer and the FUSE loop, zero on a
-    2-core node), because copying, hashing and sending chunks beside the save slows the
-    save down more than it brings durability forward (docs/PERFORMANCE.md). Queued chunks
-    start as soon as the stream pauses, or at once when anybody waits for uploads
-    (wait_changed(): a writer at the cache limit, fsync, sync, umount) or dirty data
-    reaches half the cache limit.
+    uploads run (default: two, or the cores left after the writer and the FUSE loop if
+    more), because on a small node all of them copying, hashing and sending chunks beside
+    the save slows it down more than it brings durability forward (docs/PERFORMANCE.md).
+    Queued chunks start as soon as the stream pauses, or at once when anybody waits for
+    uploads (wait_changed(): a writer at the cache limit, fsync, sync, umount) or dirty
+    data reaches half the cache limit.
     """
 
     def __init__(self, store: Store, cache: LocalCache, journal: Journal,
@@ -159,7 +159,7 @@ class Uploader:
         self.limiter.name = "upload"  # type: ignore[attr-defined]
         self.workers = workers
         if overlap_workers is None:
-            overlap_workers = max(0, (os.cpu_count() or 1) - 2)
+            overlap_workers = max(2, (os.cpu_count() or 1) - 2)
         self.overlap_workers = overlap_workers
         self.writes = WriterActivity()
         self._running = 0  # jobs past the writer gate

@@ -160,7 +160,9 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workdir", default=None, help="on the disk to measure (default: /tmp)")
-    ap.add_argument("--targets", default="local,ck-dir,ck-s3,raw-s3")
+    ap.add_argument("--targets", default="local,ck-dir,ck-s3,raw-s3",
+                    help="comma-separated; a ckptfs target may carry mount options after a "
+                         "colon, e.g. 'ck-s3:--uploads-while-writing=2'")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
     targets = a.targets.split(",")
@@ -175,16 +177,18 @@ def main() -> int:
         bucket = server.new_bucket()
         dir_store = work / "dir-store"
         for i in range(a.runs):
-            for t in targets:
-                if t == "local":
+            for n, t in enumerate(targets):
+                kind, _, options = t.partition(":")
+                extra = options.split()
+                if kind == "local":
                     r = bench_local(work, state)
-                elif t == "ck-dir":
+                elif kind == "ck-dir":
                     shutil.rmtree(dir_store, ignore_errors=True)
                     dir_store.mkdir()
-                    r = bench_ckptfs(work, state, str(dir_store), [],
+                    r = bench_ckptfs(work, state, str(dir_store), extra,
                                      lambda: du(dir_store / "chunks"))
-                elif t == "ck-s3":
-                    prefix = f"run{i}"
+                elif kind == "ck-s3":
+                    prefix = f"run{i}-{n}"
 
                     def s3_bytes(prefix: str = prefix) -> int:
                         pages = client.get_paginator("list_objects_v2").paginate(
@@ -192,7 +196,7 @@ def main() -> int:
                         return sum(o["Size"] for p in pages for o in p.get("Contents", []))
 
                     r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
-                                     ["--endpoint-url", server.endpoint], s3_bytes)
+                                     ["--endpoint-url", server.endpoint, *extra], s3_bytes)
                 else:
                     r = bench_raw(work, state, client, bucket)
                 results[t].append(r)
@@ -208,19 +212,20 @@ def main() -> int:
     def med(t: str, k: str) -> float:
         return statistics.median(r[k] for r in results[t])
 
+    width = max(8, *map(len, targets))
     print(f"\n{a.gib:g} GiB state dict, medians of {a.runs} interleaved runs")
-    print(f"{'target':8s} {'save s':>8s} {'durable s':>10s} {'cold load s':>12s} "
+    print(f"{'target':{width}s} {'save s':>8s} {'durable s':>10s} {'cold load s':>12s} "
           f"{'stored MiB':>11s} {'daemon RSS MiB':>15s}")
     for t in targets:
-        print(f"{t:8s} {med(t, 'save'):8.2f} {med(t, 'durable'):10.2f} {med(t, 'load'):12.2f} "
-              f"{med(t, 'stored') / 2**20:11.0f} {max(r['rss'] for r in results[t]) / 2**20:15.0f}")
-    if "local" in targets:
-        for t in ("ck-dir", "ck-s3"):
-            if t in targets:
-                print(f"{t}: save stall {med(t, 'save') / med('local', 'save'):.2f}x local")
-    if "raw-s3" in targets and "ck-s3" in targets:
-        print(f"ck-s3: durable {med('ck-s3', 'durable') / med('raw-s3', 'durable'):.2f}x raw PUT, "
-              f"cold load {med('ck-s3', 'load') / med('raw-s3', 'load'):.2f}x raw GET+load")
+        print(f"{t:{width}s} {med(t, 'save'):8.2f} {med(t, 'durable'):10.2f} "
+              f"{med(t, 'load'):12.2f} {med(t, 'stored') / 2**20:11.0f} "
+              f"{max(r['rss'] for r in results[t]) / 2**20:15.0f}")
+    for t in targets:
+        if t.startswith("ck-") and "local" in targets:
+            print(f"{t}: save stall {med(t, 'save') / med('local', 'save'):.2f}x local")
+        if t.startswith("ck-s3") and "raw-s3" in targets:
+            print(f"{t}: durable {med(t, 'durable') / med('raw-s3', 'durable'):.2f}x raw PUT, "
+                  f"cold load {med(t, 'load') / med('raw-s3', 'load'):.2f}x raw GET+load")
     return 0
 
 
