@@ -145,6 +145,16 @@ class LocalCache:
         else:
             self._clean_staging[st.id] = None
 
+    def drop_clean_copies(self, hashes: set[str]) -> None:
+        """Drop the clean staging files that hold nothing but these chunks (those of a
+        deleted file): its page cache and disk space are free at once, for the next
+        checkpoint of a rotation to reuse, instead of when LRU eviction reaches them."""
+        for st in {self._in_staging[h][0] for h in hashes if h in self._in_staging}:
+            if (st.sealed and not st.writers and not st.pending and not st.dirty
+                    and all(h in hashes for h, (s, _, _) in self._in_staging.items()
+                            if s is st)):
+                self.drop_staging(st)
+
     def drop_staging(self, st: StagingFile) -> None:
         for offset in list(st.dirty):
             self.clear_dirty(st, offset)

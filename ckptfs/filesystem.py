@@ -203,7 +203,11 @@ class CheckpointFS:
         self._maybe_drop(node)
 
     def _maybe_drop(self, node: Node) -> None:
-        if node.removed and node.lookups <= 0 and node.opens <= 0:
+        if not node.removed or node.opens > 0:
+            return
+        if node.manifest is not None and node.buffer is None:  # a deleted file's local copy
+            self.cache.drop_clean_copies({h for h, _ in node.manifest.chunks})
+        if node.lookups <= 0:
             self.nodes.pop(node.inode, None)
             if node.buffer is not None:
                 node.buffer.staging.writers -= 1

@@ -53,10 +53,14 @@ def drop_caches() -> None:
         pass
 
 
+SETTLE = True
+
+
 def settle() -> None:
     """The same starting state for every timed save (see the module docstring)."""
-    drop_caches()
-    time.sleep(2)
+    if SETTLE:
+        drop_caches()
+        time.sleep(2)
 
 
 def du(path: Path) -> int:
@@ -163,7 +167,11 @@ def main() -> int:
     ap.add_argument("--targets", default="local,ck-dir,ck-s3,raw-s3",
                     help="comma-separated; a ckptfs target may carry mount options after a "
                          "colon, e.g. 'ck-s3:--uploads-while-writing=2'")
+    ap.add_argument("--no-settle", action="store_true",
+                    help="time each save in whatever state the previous target left")
     a = ap.parse_args()
+    global SETTLE
+    SETTLE = not a.no_settle
     work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
     targets = a.targets.split(",")
     state = state_dict(a.gib)

@@ -532,7 +532,8 @@ def mounts_at(path: Path) -> int:
 
 
 @pytest.mark.parametrize("case", ["no-bucket", "wrong-secret", "already-mounted",
-                                  "newer-format", "chunk-size-1K", "upload-threads-0"])
+                                  "newer-format", "chunk-size-1K", "upload-threads-0",
+                                  "uploads-while-writing-negative"])
 def test_bad_input_is_one_line_and_leaves_no_mount(
         case: str, tmp_path: Path, local_store_dir: Path, seaweed: SeaweedServer,
         nodes: list[Mount]) -> None:
@@ -560,6 +561,8 @@ def test_bad_input_is_one_line_and_leaves_no_mount(
         args += ["--chunk-size", "1K"]
     elif case == "upload-threads-0":
         args += ["--upload-threads", "0"]
+    elif case == "uploads-while-writing-negative":
+        args += ["--uploads-while-writing", "-1"]
     r = run_cli("mount", store, str(mnt), *args, check=False, timeout=60, env=env)
     line = one_line_error(r)
     assert r.returncode == 1
@@ -573,6 +576,7 @@ def test_bad_input_is_one_line_and_leaves_no_mount(
         "newer-format": "newer than this ckptfs",
         "chunk-size-1K": "--chunk-size",
         "upload-threads-0": "--upload-threads must be at least 1",
+        "uploads-while-writing-negative": "--uploads-while-writing must be at least 0",
     }[case]
     assert expected in line, line
     if case == "chunk-size-1K":  # refused before anything is written to the new store

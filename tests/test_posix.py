@@ -682,6 +682,28 @@ def test_unlink_open_file(cluster: Cluster, mnt: Mount) -> None:
     assert (other / "w").read_bytes() == b"new file, same name"
 
 
+def test_deleted_files_free_their_local_copy(mnt: Mount) -> None:
+    """Checkpoint rotation: a deleted file's staged bytes (uploaded) leave the cache at
+    once, not when LRU eviction gets to them; an open descriptor keeps them until close."""
+    def staged() -> set[str]:
+        return set(os.listdir(mnt.cache / "staging"))
+
+    blobs = {name: data(2 * CHUNK + 5, seed) for seed, name in enumerate("abc")}
+    before = staged()
+    for name, blob in blobs.items():
+        write(mnt / name, blob)
+    sync(mnt)
+    assert len(staged() - before) == 3
+    os.unlink(mnt / "a")
+    assert len(staged() - before) == 2
+    with open(mnt / "b", "rb") as f:
+        os.rename(mnt / "c", mnt / "b")  # replaces b: its copy stays while b is open
+        assert len(staged() - before) == 2
+        same(f.read(), blobs["b"])
+    assert wait_until(lambda: len(staged() - before) == 1)
+    same((mnt / "b").read_bytes(), blobs["c"])
+
+
 def test_rename_files(cluster: Cluster, mnt: Mount) -> None:
     write(mnt / "a", b"AAA")
     os.rename(mnt / "a", mnt / "b")
