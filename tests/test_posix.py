@@ -15,6 +15,7 @@ import itertools
 import mmap
 import os
 import random
+import shutil
 import stat
 import threading
 import time
@@ -1014,6 +1015,18 @@ def test_mmap_reads(cluster: Cluster, mnt: Mount) -> None:
                 same(shared[CHUNK - 5:CHUNK + 5], blob[CHUNK - 5:CHUNK + 5])
             with mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as priv:
                 same(priv[:], blob)
+
+
+def test_sendfile_into_a_write_only_file(cluster: Cluster, mnt: Mount, tmp_path: Path
+                                         ) -> None:
+    """shutil.copyfile uses sendfile(2): the kernel's splice path, into a write-only,
+    direct-I/O descriptor."""
+    src = tmp_path / "src"
+    blob = data(3 * CHUNK + 11, 18)
+    src.write_bytes(blob)
+    shutil.copyfile(src, mnt / "copy")
+    other = cluster.remount(mnt)
+    same((other / "copy").read_bytes(), blob)
 
 
 def test_readers_see_write_only_writers(mnt: Mount) -> None:
