@@ -51,6 +51,7 @@ class StagingFile:
     dirty: dict[int, int] = field(default_factory=dict)  # chunk offset -> bytes not in store
     pending: int = 0  # sealed chunks still to upload
     writers: int = 0  # open write buffers using this file
+    indexed: set[str] = field(default_factory=set)  # hashes readable from here (locate())
 
 
 class LocalCache:
@@ -127,6 +128,7 @@ class LocalCache:
         """Make a chunk held in a staging file readable by hash."""
         if chunk_hash not in self._in_staging:
             self._in_staging[chunk_hash] = (st, offset, length)
+            st.indexed.add(chunk_hash)
 
     def staging_fds(self, chunk_hashes: list[str]) -> set[int]:
         """The open staging files that hold any of these chunks."""
@@ -134,7 +136,9 @@ class LocalCache:
 
     def forget_staged(self, chunk_hash: str) -> None:
         """Stop serving a chunk from staging (its staged bytes were found damaged)."""
-        self._in_staging.pop(chunk_hash, None)
+        entry = self._in_staging.pop(chunk_hash, None)
+        if entry is not None:
+            entry[0].indexed.discard(chunk_hash)
 
     def release_staging(self, st: StagingFile) -> None:
         """Called when a staging file may have become clean: make it evictable, or drop it."""
@@ -151,8 +155,7 @@ class LocalCache:
         checkpoint of a rotation to reuse, instead of when LRU eviction reaches them."""
         for st in {self._in_staging[h][0] for h in hashes if h in self._in_staging}:
             if (st.sealed and not st.writers and not st.pending and not st.dirty
-                    and all(h in hashes for h, (s, _, _) in self._in_staging.items()
-                            if s is st)):
+                    and st.indexed <= hashes):
                 self.drop_staging(st)
 
     def drop_staging(self, st: StagingFile) -> None:
@@ -160,8 +163,9 @@ class LocalCache:
             self.clear_dirty(st, offset)
         self.staging.pop(st.id, None)
         self._clean_staging.pop(st.id, None)
-        for h in [h for h, (s, _, _) in self._in_staging.items() if s is st]:
+        for h in st.indexed:
             del self._in_staging[h]
+        st.indexed.clear()
         try:
             os.close(st.fd)
             st.fd = -1

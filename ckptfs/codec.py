@@ -109,5 +109,5 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes | memo
     if len(data) != raw_len:
         raise CorruptChunkError(f"chunk length {len(data)} != header length {raw_len}")
     if expected_hash is not None and chunk_hash(data) != expected_hash:
-        raise CorruptChunkError(f"chunk content does not match its name {expected_hash}")
+        raise CorruptChunkError("content does not match the chunk's name")
     return data

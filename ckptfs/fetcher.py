@@ -136,10 +136,7 @@ class Fetcher:
         blob = self.store.get(manifests.chunk_key(chunk_hash))
         try:
             data = codec.decode_chunk(blob, chunk_hash)
-        except CorruptChunkError as e:
-            if chunk_hash in str(e):
-                raise
-            # e.g. a truncated object: the log and EIO must name the chunk
+        except CorruptChunkError as e:  # the log line and the EIO must name the chunk
             raise CorruptChunkError(f"chunk {chunk_hash}: {e}") from None
         self.cache.put_fetched(chunk_hash, data)
         return len(data)

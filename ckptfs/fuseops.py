@@ -72,8 +72,11 @@ def fuse_errors(fn: F) -> F:
         except (errors.MissingChunkError, errors.CorruptChunkError) as e:
             raise pyfuse3.FUSEError(errno.EIO) from e
         except sqlite3.OperationalError as e:  # the journal: almost always a full disk
-            log.error("%s: the cache directory is full (journal: %s)", fn.__name__, e)
-            raise pyfuse3.FUSEError(errno.ENOSPC if "full" in str(e) else errno.EIO) from None
+            if e.sqlite_errorcode == sqlite3.SQLITE_FULL:
+                log.error("%s: the cache directory is full (journal: %s)", fn.__name__, e)
+                raise pyfuse3.FUSEError(errno.ENOSPC) from None
+            log.error("%s: the journal failed: %s", fn.__name__, e)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 log.error("%s: the cache directory is full: %s", fn.__name__, e)

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,14 +54,10 @@ def drop_caches() -> None:
         pass
 
 
-SETTLE = True
-
-
 def settle() -> None:
     """The same starting state for every timed save (see the module docstring)."""
-    if SETTLE:
-        drop_caches()
-        time.sleep(2)
+    drop_caches()
+    time.sleep(2)
 
 
 def du(path: Path) -> int:
@@ -81,10 +78,11 @@ def run(*args: str) -> str:
     return r.stdout
 
 
-def bench_local(work: Path, state: dict[str, torch.Tensor]) -> dict[str, float]:
+def bench_local(work: Path, state: dict[str, torch.Tensor], settled: bool) -> dict[str, float]:
     d = work / "local"
     d.mkdir(exist_ok=True)
-    settle()
+    if settled:
+        settle()
     t0 = time.perf_counter()
     torch.save(state, d / "ckpt.pt")
     save = time.perf_counter() - t0
@@ -102,7 +100,7 @@ def bench_local(work: Path, state: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: list[str],
-                 stored_bytes: "callable") -> dict[str, float]:  # type: ignore[valid-type]
+                 stored_bytes: Callable[[], int], settled: bool) -> dict[str, float]:
     mnt, mnt2 = work / "mnt", work / "mnt2"
     cache, cache2 = work / "cache", work / "cache2"
     for p in (cache, cache2):
@@ -112,7 +110,8 @@ def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: 
     run("mount", store, str(mnt), "--cache-dir", str(cache), *extra)
     import json
     pid = json.loads(run("status", str(mnt), "--json"))["pid"]
-    settle()
+    if settled:
+        settle()
     t0 = time.perf_counter()
     torch.save(state, mnt / "ckpt.pt")
     save = time.perf_counter() - t0
@@ -170,8 +169,7 @@ def main() -> int:
     ap.add_argument("--no-settle", action="store_true",
                     help="time each save in whatever state the previous target left")
     a = ap.parse_args()
-    global SETTLE
-    SETTLE = not a.no_settle
+    settled = not a.no_settle
     work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
     targets = a.targets.split(",")
     state = state_dict(a.gib)
@@ -189,12 +187,12 @@ def main() -> int:
                 kind, _, options = t.partition(":")
                 extra = options.split()
                 if kind == "local":
-                    r = bench_local(work, state)
+                    r = bench_local(work, state, settled)
                 elif kind == "ck-dir":
                     shutil.rmtree(dir_store, ignore_errors=True)
                     dir_store.mkdir()
                     r = bench_ckptfs(work, state, str(dir_store), extra,
-                                     lambda: du(dir_store / "chunks"))
+                                     lambda: du(dir_store / "chunks"), settled)
                 elif kind == "ck-s3":
                     prefix = f"run{i}-{n}"
 
@@ -204,7 +202,8 @@ def main() -> int:
                         return sum(o["Size"] for p in pages for o in p.get("Contents", []))
 
                     r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
-                                     ["--endpoint-url", server.endpoint, *extra], s3_bytes)
+                                     ["--endpoint-url", server.endpoint, *extra], s3_bytes,
+                                     settled)
                 else:
                     r = bench_raw(work, state, client, bucket)
                 results[t].append(r)

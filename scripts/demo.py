@@ -9,7 +9,6 @@ Uses the embedded default store (a local directory), as a first-time user would:
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys

@@ -52,11 +52,17 @@ def s3_store(seaweed: SeaweedServer) -> Iterator[S3Store]:
 
 
 @pytest.fixture
-def local_store(tmp_path: Path) -> LocalStore:
-    """A LocalStore in an empty directory of its own."""
+def local_store_dir(tmp_path: Path) -> Path:
+    """An empty directory for a store."""
     root = tmp_path / "store"
     root.mkdir()
-    return LocalStore(root)
+    return root
+
+
+@pytest.fixture
+def local_store(local_store_dir: Path) -> LocalStore:
+    """A LocalStore in an empty directory of its own."""
+    return LocalStore(local_store_dir)
 
 
 @pytest.fixture

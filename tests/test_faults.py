@@ -518,13 +518,6 @@ def test_permanent_store_error_keeps_the_data_in_the_cache(
 
 
 # ---------------------------------------------------------------------------- 4. bad input
-@pytest.fixture
-def local_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    root.mkdir()
-    return root
-
-
 def mounts_at(path: Path) -> int:
     real = os.path.realpath(path)
     with open("/proc/mounts") as f:
