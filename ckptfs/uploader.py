@@ -382,14 +382,17 @@ class Uploader:
             return chunk_hash, 0
         try:
             key = manifests.chunk_key(chunk_hash)
-            if self.store.head(key) is not None:
+            parts, _ = codec.encode_chunk_parts(data)
+            size = sum(len(p) for p in parts)
+            # an object of another size is not this chunk: a PUT torn by a crash can leave
+            # an empty one on some servers (SeaweedFS), so it is written again
+            if self.store.head(key) == size:
                 stored = 0
             else:
-                parts, _ = codec.encode_chunk_parts(data)
                 crash_point("chunk_before_put")
                 self.store.put_parts(key, parts)
                 crash_point("chunk_after_put")
-                stored = sum(len(p) for p in parts)
+                stored = size
             mine.ok = True
             return chunk_hash, stored
         finally:

@@ -194,6 +194,27 @@ def test_uploader_dedup_against_store(store: RecordingStore, cache: LocalCache,
     run(main)
 
 
+def test_uploader_replaces_a_torn_chunk_object(store: RecordingStore, cache: LocalCache,
+                                              journal: Journal) -> None:
+    """A PUT cut off by a crash can leave an empty or short object under the chunk's key
+    (SeaweedFS does): the HEAD that skips known chunks must not take it for the chunk."""
+    data = os.urandom(20 * KiB)
+    h = codec.chunk_hash(data)
+    store.inner.put(chunk_key(h), b"")
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1))
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            st, _, _ = await published(up, cache, data)
+            await settled(up, st)
+            assert store.counts["put"] == 1
+            assert stored_chunk(store, h) == data
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
 def test_uploader_dedup_within_mount(store: RecordingStore, cache: LocalCache,
                                      journal: Journal) -> None:
     """Two files with the same chunk persisted before the upload: one PUT, both released."""
