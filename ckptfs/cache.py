@@ -144,7 +144,9 @@ class LocalCache:
         """Called when a staging file may have become clean: make it evictable, or drop it."""
         if st.writers or st.pending or st.id not in self.staging:
             return
-        if not st.sealed:  # never published (file deleted while open): nothing refers to it
+        if not st.sealed or not (st.indexed or st.dirty):
+            # never published (deleted while open), or it serves no chunk (an empty
+            # version, or one whose chunks are all served from another staging file)
             self.drop_staging(st)
         else:
             self._clean_staging[st.id] = None

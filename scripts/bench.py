@@ -4,6 +4,7 @@ Targets (A B C ... interleaved, medians of --runs):
   local   a directory on the same disk as the cache (the baseline)
   ck-dir  ckptfs on the embedded local-directory store
   ck-s3   ckptfs on SeaweedFS S3 (started here on 127.0.0.1)
+  trivial scripts/trivialfs.py: the floor of any pyfuse3 file system (save only)
   raw-s3  the object-store ceiling: the same file PUT/GET with boto3, 8 threads, 16 MiB parts
 
 Per target: save stall (until torch.save returns), time to durable (save + umount, or
@@ -133,6 +134,29 @@ def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: 
     return {"save": save, "durable": durable, "load": load, "stored": stored, "rss": rss}
 
 
+def bench_trivial(work: Path, state: dict[str, torch.Tensor], settled: bool
+                  ) -> dict[str, float]:
+    """torch.save through a pyfuse3 file system that only passes writes to a local file."""
+    from bench_fuse_floor import start_trivial
+
+    mnt, backing = work / "trivial", work / "trivial-backing"
+    mnt.mkdir()
+    proc = start_trivial(mnt, backing)
+    try:
+        if settled:
+            settle()
+        t0 = time.perf_counter()
+        torch.save(state, mnt / "ckpt.pt")
+        save = time.perf_counter() - t0
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        proc.wait(10)
+        shutil.rmtree(backing, ignore_errors=True)
+        mnt.rmdir()
+    nan = float("nan")
+    return {"save": save, "durable": nan, "load": nan, "stored": 0, "rss": 0}
+
+
 def bench_raw(work: Path, state: dict[str, torch.Tensor], client: object, bucket: str
               ) -> dict[str, float]:
     from boto3.s3.transfer import TransferConfig
@@ -188,6 +212,8 @@ def main() -> int:
                 extra = options.split()
                 if kind == "local":
                     r = bench_local(work, state, settled)
+                elif kind == "trivial":
+                    r = bench_trivial(work, state, settled)
                 elif kind == "ck-dir":
                     shutil.rmtree(dir_store, ignore_errors=True)
                     dir_store.mkdir()
@@ -228,7 +254,7 @@ def main() -> int:
               f"{med(t, 'load'):12.2f} {med(t, 'stored') / 2**20:11.0f} "
               f"{max(r['rss'] for r in results[t]) / 2**20:15.0f}")
     for t in targets:
-        if t.startswith("ck-") and "local" in targets:
+        if (t.startswith("ck-") or t == "trivial") and "local" in targets:
             print(f"{t}: save stall {med(t, 'save') / med('local', 'save'):.2f}x local")
         if t.startswith("ck-s3") and "raw-s3" in targets:
             print(f"{t}: durable {med(t, 'durable') / med('raw-s3', 'durable'):.2f}x raw PUT, "

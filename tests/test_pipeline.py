@@ -892,6 +892,10 @@ def test_cache_release_and_drop_staging(cache: LocalCache) -> None:
     assert st.fd == -1 and not cache.has(h) and cache.locate(h) is None
     cache.release_staging(st)  # again: harmless
 
+    empty = staged_file(cache, 0)
+    cache.release_staging(empty)  # published, but it serves no chunk: dropped
+    assert empty.id not in cache.staging and not os.path.exists(empty.path)
+
     sealed = staged_file(cache, 100)
     cache.add_staged_chunk(h, sealed, 0, 100)
     cache.release_staging(sealed)  # published and clean: kept, evictable

@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -703,6 +704,28 @@ def test_deleted_files_free_their_local_copy(mnt: Mount) -> None:
         same(f.read(), blobs["b"])
     assert wait_until(lambda: len(staged() - before) == 1)
     same((mnt / "b").read_bytes(), blobs["c"])
+
+
+def test_staging_files_that_serve_nothing_are_dropped(mnt: Mount, tmp_path: Path) -> None:
+    """dd closes a duplicate of its output descriptor before writing (a FLUSH that
+    publishes an empty version), and a copy of a file already staged here holds only
+    chunks another staging file serves: neither version's staging file is kept."""
+    def staged() -> set[str]:
+        return set(os.listdir(mnt.cache / "staging"))
+
+    before = staged()
+    blob = data(2 * CHUNK + 5, 7)
+    (tmp_path / "src").write_bytes(blob)
+    subprocess.run(["dd", f"if={tmp_path / 'src'}", f"of={mnt / 'a'}", "bs=64K"],
+                   check=True, capture_output=True)
+    sync(mnt)
+    assert len(staged() - before) == 1
+    shutil.copyfile(mnt / "a", mnt / "b")  # the same bytes again
+    sync(mnt)
+    assert wait_until(lambda: len(staged() - before) == 1)
+    same((mnt / "b").read_bytes(), blob)
+    os.unlink(mnt / "a")
+    same((mnt / "b").read_bytes(), blob)
 
 
 def test_rename_files(cluster: Cluster, mnt: Mount) -> None:
