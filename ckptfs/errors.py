@@ -91,3 +91,8 @@ class NoAttribute(FsError):
 
 class NotSupported(FsError):
     """Operation not supported (ENOTSUP): setting extended attributes."""
+
+
+class StoreUnavailable(FsError):
+    """The store cannot be reached and this node has no view of its own to answer from
+    (EIO): a directory never listed must not look empty."""

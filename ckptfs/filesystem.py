@@ -44,6 +44,7 @@ from .errors import (
     NotPermitted,
     NotSupported,
     StoreError,
+    StoreUnavailable,
 )
 from .fetcher import Fetcher
 from .journal import Op, PendingChunk
@@ -115,6 +116,7 @@ class Node:
     buffer: WriteBuffer | None = None
     children: dict[str, Node] | None = None  # directories only
     listed_at: float = 0.0  # directories: monotonic time of the last LIST
+    listed: bool = False  # directories: the children came from the store once, or from mkdir
     checked_at: float = 0.0  # files: monotonic time the manifest was last read
     lookups: int = 0
     opens: int = 0
@@ -243,12 +245,16 @@ class CheckpointFS:
             try:
                 listing = await self._with_retries(self.store.list, prefix)
             except StoreError as e:  # store down: serve what we know, retry after the TTL
+                if not dnode.listed:  # nothing known: an empty answer would say "no files"
+                    log.warning("cannot list %s/ (never listed: EIO): %s", path, e)
+                    raise StoreUnavailable(f"cannot list {path}/: {e}") from None
                 log.warning("cannot list %s/ (serving the cached view): %s", path, e)
                 dnode.listed_at = time.monotonic()
                 return
             if dnode.removed or dnode.path != path:
                 return  # moved or deleted here while listing: the listing is of the old path
             dnode.listed_at = time.monotonic()
+            dnode.listed = True
             await self._apply_listing(dnode, prefix, listing.objects, listing.prefixes,
                                       applied_before)
 
@@ -468,6 +474,7 @@ class CheckpointFS:
         changing = self._changing((parent, name))
         node = self._new_node(parent, name, stat.S_IFDIR | (mode & 0o7777), now)
         node.listed_at = time.monotonic()
+        node.listed = True
         self._touch(parent)
         await self._submit("put_dir", node.path, body=DirMarker(node.mode, now).to_json(),
                            changing=changing)

@@ -35,6 +35,7 @@ ERRNO: list[tuple[type[BaseException], int]] = [
     (errors.InvalidArgument, errno.EINVAL),
     (errors.NoAttribute, pyfuse3.ENOATTR),
     (errors.NotSupported, errno.ENOTSUP),
+    (errors.StoreUnavailable, errno.EIO),
     (errors.MissingChunkError, errno.EIO),
     (errors.CorruptChunkError, errno.EIO),
 ]

@@ -440,6 +440,40 @@ def test_throttled_listing_never_reports_an_existing_file_missing(
     b.umount()
 
 
+def test_directory_never_listed_is_eio_during_an_outage_never_empty(
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """An outage longer than the retries: a directory this node listed before keeps its
+    view, but one it never listed fails with EIO; an empty listing or ENOENT would tell a
+    resume script there is no checkpoint, and it would start training over."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M")
+    (a / "ckpt").mkdir()
+    (a / "ckpt" / "model.bin").write_bytes(b"w" * 1000)
+    a.umount()
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    assert os.listdir(b.path) == ["ckpt"]  # the root is listed before the outage
+
+    def outcome(fn: Callable[[], object]) -> object:
+        try:
+            return fn()
+        except OSError as e:
+            return errno.errorcode.get(e.errno or 0, str(e.errno))
+
+    proxy.throttle(1.0, lambda m, p: True)  # every request: 503 SlowDown
+    try:
+        time.sleep(1.2)  # past --metadata-ttl: every call below asks the store first
+        during = [outcome(lambda: os.listdir(b.path)),
+                  outcome(lambda: os.listdir(b / "ckpt")),
+                  outcome(lambda: os.stat(b / "ckpt" / "model.bin").st_size)]
+    finally:
+        proxy.throttle(0.0, lambda m, p: False)
+    assert during == [["ckpt"], "EIO", "EIO"], during
+    assert os.listdir(b / "ckpt") == ["model.bin"]
+    assert (b / "ckpt" / "model.bin").read_bytes() == b"w" * 1000
+    b.umount()
+
+
 # ---------------------------------------------------------------------------- 3. permanent
 SECRETS = ("ckptfs-test-access-key", "ckptfs-test-secret-key")
 
