@@ -230,6 +230,17 @@ class CheckpointFS:
         return (node.buffer is not None or node.opens > 0
                 or self.publisher.is_pending(node.path))
 
+    async def list_root(self) -> None:
+        """List the root before the mount is ready, so that a store outage just after
+        mounting does not leave it without a view (EIO, see _refresh). Skipped while ops
+        from the journal wait to be applied: the store's listing would lack them."""
+        if self.publisher.pending_count:
+            return
+        try:
+            await self._refresh(self.root)
+        except StoreUnavailable as e:
+            log.warning("%s", e)
+
     async def _refresh(self, dnode: Node, force: bool = False) -> None:
         """Bring a directory's children up to date with the store (at most once per TTL)."""
         lock = self._dir_locks.setdefault(dnode.inode, trio.Lock())

@@ -187,6 +187,7 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
 
         control = ControlServer(sock_path, status, fs.sync_target, fs.reached,
                                 uploader.wait_changed)
+        await fs.list_root()
         pyfuse3.init(FuseOps(fs), cfg.mountpoint, fuse_options(cfg))
         ops_holder["mounted"] = True
         unmounted = trio.Event()
