@@ -232,14 +232,16 @@ class CheckpointFS:
 
     async def list_root(self) -> None:
         """List the root before the mount is ready, so that a store outage just after
-        mounting does not leave it without a view (EIO, see _refresh). Skipped while ops
-        from the journal wait to be applied: the store's listing would lack them."""
+        mounting does not leave it without a view (EIO, see _refresh). The first access
+        lists it again, as on any new mount (the TTL is not started here). Skipped while
+        ops from the journal wait to be applied: the store's listing would lack them."""
         if self.publisher.pending_count:
             return
         try:
             await self._refresh(self.root)
         except StoreUnavailable as e:
             log.warning("%s", e)
+        self.root.listed_at = 0.0
 
     async def _refresh(self, dnode: Node, force: bool = False) -> None:
         """Bring a directory's children up to date with the store (at most once per TTL)."""
