@@ -6,6 +6,9 @@ Layout (docs/ARCHITECTURE.md):
     <cache>/staging/<id>       bytes written on this node, one sparse file per file version
     <cache>/chunks/<h:2>/<h>   raw (decoded, verified) chunks fetched from the store
 
+A raw chunk of a local-directory store is not copied into chunks/: once verified, it is
+read in place from the store's object file (`put_in_place`).
+
 Every chunk this node can read without the network is in `locate()`'s index: either a
 region of a staging file or a read-cache file. Clean data (uploaded staging files, fetched
 chunks) is evicted least-recently-used first when the cache is over its size limit; dirty
@@ -37,6 +40,16 @@ def pread_scratch(fd: int, length: int, offset: int) -> memoryview:
         buf = _scratch.buf = bytearray(length)
     view = memoryview(buf)[:length]
     return view[:os.preadv(fd, [view], offset)]
+
+
+def file_identity(path_or_fd: str | int) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime) of a file, or None if it does not exist: a file
+    read in place is trusted only while this is what it was when it was verified."""
+    try:
+        st = os.stat(path_or_fd)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 @dataclass(eq=False)
@@ -71,6 +84,8 @@ class LocalCache:
         self._in_staging: dict[str, tuple[StagingFile, int, int]] = {}
         # hash -> size of read-cache files, in LRU order (oldest first)
         self._cached: OrderedDict[str, int] = OrderedDict()
+        # hash -> (object file of a local store, offset, file_identity when verified)
+        self._in_place: dict[str, tuple[str, int, tuple[int, int, int, int]]] = {}
         self._clean_staging: OrderedDict[int, None] = OrderedDict()  # LRU of evictable ones
         self._fds: OrderedDict[str, int] = OrderedDict()  # open read-cache files
         self.dirty_bytes = 0  # bytes written here and not yet in the store
@@ -186,23 +201,43 @@ class LocalCache:
             self.hits += 1
             return st.fd, offset
         with self._lock:
-            if chunk_hash not in self._cached:
+            in_place = self._in_place.get(chunk_hash)
+            if in_place is None and chunk_hash not in self._cached:
                 self.misses += 1
                 return None
-            self._cached.move_to_end(chunk_hash)
+            if in_place is None:
+                self._cached.move_to_end(chunk_hash)
             fd = self._fds.get(chunk_hash)
             if fd is None:
-                fd = os.open(self._chunk_path(chunk_hash), os.O_RDONLY)
+                path = self._chunk_path(chunk_hash) if in_place is None else in_place[0]
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    if in_place is None:
+                        raise
+                    self._not_in_place(chunk_hash)
+                    return None
                 self._fds[chunk_hash] = fd
                 while len(self._fds) > 64:
                     os.close(self._fds.popitem(last=False)[1])
             else:
                 self._fds.move_to_end(chunk_hash)
+            if in_place is not None and file_identity(fd) != in_place[2]:
+                os.close(self._fds.pop(chunk_hash))
+                self._not_in_place(chunk_hash)
+                return None
             self.hits += 1
-            return fd, 0
+            return fd, 0 if in_place is None else in_place[1]
+
+    def _not_in_place(self, chunk_hash: str) -> None:
+        """A store file read in place was replaced, changed or removed since it was
+        verified: forget it, so that the chunk is fetched (and verified) again."""
+        del self._in_place[chunk_hash]
+        self.misses += 1
 
     def has(self, chunk_hash: str) -> bool:
-        return chunk_hash in self._in_staging or chunk_hash in self._cached
+        return (chunk_hash in self._in_staging or chunk_hash in self._cached
+                or chunk_hash in self._in_place)
 
     # -- read cache (called from fetch threads) ---------------------------------------
     def _chunk_path(self, chunk_hash: str) -> str:
@@ -218,6 +253,13 @@ class LocalCache:
         os.replace(tmp, path)
         with self._lock:
             self._cached[chunk_hash] = len(data)
+
+    def put_in_place(self, chunk_hash: str, path: str, offset: int,
+                     identity: tuple[int, int, int, int]) -> None:
+        """Make a verified raw chunk readable at `offset` of a local store's object file,
+        for as long as the file keeps the identity it had when it was verified."""
+        with self._lock:
+            self._in_place[chunk_hash] = (path, offset, identity)
 
     # -- size accounting -----------------------------------------------------------------
     @property

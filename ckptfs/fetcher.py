@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import trio
 
 from . import codec, manifests
-from .cache import LocalCache
+from .cache import LocalCache, file_identity
 from .errors import CorruptChunkError, MissingChunkError, NotFoundError, StoreError
 from .store.base import Store
 
@@ -133,10 +133,19 @@ class Fetcher:
                 delay = min(delay * 2, 5.0)
 
     def _get_sync(self, chunk_hash: str) -> int:
-        blob = self.store.get(manifests.chunk_key(chunk_hash))
+        key = manifests.chunk_key(chunk_hash)
+        path = self.store.local_path(key)
+        before = file_identity(path) if path is not None else None
+        blob = self.store.get(key)
         try:
             data = codec.decode_chunk(blob, chunk_hash)
         except CorruptChunkError as e:  # the log line and the EIO must name the chunk
             raise CorruptChunkError(f"chunk {chunk_hash}: {e}") from None
-        self.cache.put_fetched(chunk_hash, data)
+        if (path is not None and before is not None and isinstance(data, memoryview)
+                and file_identity(path) == before):
+            # a raw chunk of a local-directory store, verified, and the file did not
+            # change meanwhile: read it where it is instead of writing a second copy
+            self.cache.put_in_place(chunk_hash, path, codec.HEADER_SIZE, before)
+        else:
+            self.cache.put_fetched(chunk_hash, data)
         return len(data)

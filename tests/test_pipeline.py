@@ -400,6 +400,46 @@ async def read_chunk(f: Fetcher, h: str, length: int) -> bytes:
     return os.pread(fd, length, offset)
 
 
+def test_fetcher_reads_raw_chunks_of_a_local_store_in_place(
+        tmp_path: Path, cache: LocalCache) -> None:
+    """A raw chunk of a local-directory store is verified once and then read from the
+    store's own file: no second copy in the cache. If that file changes afterwards, it
+    is fetched and verified again: wrong bytes are never served."""
+    (tmp_path / "store").mkdir()
+    local = LocalStore(tmp_path / "store", fsync=False)
+    raw = os.urandom(64 * KiB)  # does not compress: stored raw
+    compressible = b"layer.0.weight " * 4 * KiB  # stored lz4: decoded into the cache
+    h_raw, h_lz4 = codec.chunk_hash(raw), codec.chunk_hash(compressible)
+    for data in (raw, compressible):
+        local.put(chunk_key(codec.chunk_hash(data)), codec.encode_chunk(data)[0])
+    obj = Path(local.local_path(chunk_key(h_raw)) or "")
+
+    def cached_files() -> list[str]:
+        return [p.name for p in Path(cache.chunks_dir).rglob("*") if p.is_file()]
+
+    async def body(f: Fetcher) -> None:
+        assert await read_chunk(f, h_raw, len(raw)) == raw
+        assert await read_chunk(f, h_lz4, len(compressible)) == compressible
+        assert cached_files() == [h_lz4]  # the raw chunk was not copied
+        fd, offset = await f.locate(h_raw)
+        assert offset == codec.HEADER_SIZE and os.fstat(fd).st_ino == obj.stat().st_ino
+        # changed in place (same file, same size): never served; fetched again, and the
+        # new bytes fail verification
+        with open(obj, "r+b") as w:
+            w.seek(codec.HEADER_SIZE + 100)
+            w.write(bytes([raw[100] ^ 0xFF]))
+        os.utime(obj, ns=(time.time_ns(), time.time_ns() + 10**9))  # mtime moves on
+        assert cache.locate(h_raw) is None
+        with pytest.raises(CorruptChunkError):
+            await read_chunk(f, h_raw, len(raw))
+        # repaired (replaced by a new file with the right bytes): fetched and verified
+        local.put(chunk_key(h_raw), codec.encode_chunk(raw)[0])
+        assert await read_chunk(f, h_raw, len(raw)) == raw
+        assert cached_files() == [h_lz4]
+
+    run(lambda: with_fetcher(local, cache, body))  # type: ignore[arg-type]
+
+
 def test_fetcher_fetches_and_caches(store: RecordingStore, cache: LocalCache) -> None:
     data = b"layer.0.weight " * 4 * KiB
     h = put_chunk(store, data)

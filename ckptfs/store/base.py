@@ -88,6 +88,11 @@ class Store(abc.ABC):
         `prefixes` (each ending in '/'), as S3 does. With None, the listing is recursive.
         """
 
+    def local_path(self, key: str) -> str | None:
+        """The object's file, for a store on a local or shared file system (None for
+        others): a reader can then read the bytes where they are instead of copying them."""
+        return None
+
     def copy(self, src: str, dst: str) -> None:
         """Copy one object (server-side where the store can)."""
         self.put(dst, self.get(src))

@@ -168,6 +168,9 @@ class LocalStore(Store):
         with self._errors("get", key), open(path, "rb", buffering=0) as f:
             return f.readall()
 
+    def local_path(self, key: str) -> str | None:
+        return str(self._path(key))
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0:
             raise ValueError(f"negative range start: {start}")
