@@ -6,13 +6,12 @@ Layout (docs/ARCHITECTURE.md):
     <cache>/staging/<id>       bytes written on this node, one sparse file per file version
     <cache>/chunks/<h:2>/<h>   raw (decoded, verified) chunks fetched from the store
 
-A raw chunk of a local-directory store is not copied into chunks/: once verified, it is
-read in place from the store's object file (`put_in_place`).
-
-Every chunk this node can read without the network is in `locate()`'s index: either a
-region of a staging file or a read-cache file. Clean data (uploaded staging files, fetched
-chunks) is evicted least-recently-used first when the cache is over its size limit; dirty
-data is never evicted (writers wait instead, see filesystem.py).
+Every chunk this node can read without the network is in `locate()`'s index: a region
+of a staging file, a read-cache file, or, for a raw chunk of a local-directory store, a
+region of the store's own object file, read in place once verified (`put_in_place`).
+Clean data (uploaded staging files, fetched chunks) is evicted least-recently-used first
+when the cache is over its size limit; dirty data is never evicted (writers wait
+instead, see filesystem.py).
 """
 
 from __future__ import annotations
@@ -87,7 +86,7 @@ class LocalCache:
         # hash -> (object file of a local store, offset, file_identity when verified)
         self._in_place: dict[str, tuple[str, int, tuple[int, int, int, int]]] = {}
         self._clean_staging: OrderedDict[int, None] = OrderedDict()  # LRU of evictable ones
-        self._fds: OrderedDict[str, int] = OrderedDict()  # open read-cache files
+        self._fds: OrderedDict[str, int] = OrderedDict()  # open read-cache / in-place files
         self.dirty_bytes = 0  # bytes written here and not yet in the store
         self.hits = 0
         self.misses = 0
