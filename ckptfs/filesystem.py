@@ -178,6 +178,7 @@ class CheckpointFS:
         self._hash_limiter = trio.CapacityLimiter(2)
         self._hash_limiter.name = "hash"  # type: ignore[attr-defined]
         self.published_bytes = 0  # logical bytes of the file versions closed here
+        self._recovery_waited = False  # listings waited (once) for the journal's ops
 
     # ===================================================================== namespace
     def node(self, inode: int) -> Node:
@@ -253,6 +254,12 @@ class CheckpointFS:
             path = dnode.path
             if self.publisher.is_pending(path):
                 return  # our own unapplied ops: the local view is newer than the store
+            recovered = self.publisher.recovered_seq
+            if not self._recovery_waited and self.publisher.applied_seq < recovered:
+                # after a crash, ops from the journal (files closed, directories made)
+                # are on their way to the store: a listing sent now would lack them
+                await self.publisher.wait_applied(recovered, self.opt.publish_timeout)
+                self._recovery_waited = True
             prefix = manifests.dir_prefix(path)
             applied_before = self.publisher.applied_seq
             try:

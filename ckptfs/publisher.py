@@ -95,6 +95,7 @@ class Publisher:
         self._changed = trio.Condition()
         self.applied_seq = 0
         self.last_seq = 0  # highest seq queued so far
+        self.recovered_seq = 0  # highest seq of the ops found in the journal at startup
         self.healthy = True
         self.last_error: str | None = None
         self.applied_ops = 0
@@ -103,6 +104,7 @@ class Publisher:
         """Queue ops found in the journal at startup."""
         for op in ops:
             self.enqueue(op)
+            self.recovered_seq = max(self.recovered_seq, op.seq)
 
     def enqueue(self, op: Op) -> None:
         """Queue an op already in the journal."""

@@ -474,6 +474,31 @@ def test_directory_never_listed_is_eio_during_an_outage_never_empty(
     b.umount()
 
 
+def test_listing_after_a_crash_waits_for_the_journals_files(
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """Killed after a file was closed but before its manifest reached the store: the next
+    mount publishes it from the journal, and a listing made meanwhile waits for that
+    (up to the publish timeout) rather than list a store that lacks the file; a resume
+    script would take an older checkpoint for the latest."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M")
+    (a / "step-1.pt").write_bytes(b"1" * 1000)
+    proxy.hold(lambda m, p: m == "PUT" and "/files/" in p)  # manifests wait at the proxy
+    (a / "step-2.pt").write_bytes(b"2" * 1000)  # closed: journaled, manifest held
+    a.kill()
+    release = threading.Timer(2.0, proxy.release)
+    a.mount()  # recovery: its publish of step-2.pt is held too, until the timer
+    release.start()
+    try:
+        names = sorted(os.listdir(a.path))
+    finally:
+        release.join()
+    assert names == ["step-1.pt", "step-2.pt"]
+    assert (a / "step-2.pt").read_bytes() == b"2" * 1000
+    a.umount()
+
+
 # ---------------------------------------------------------------------------- 3. permanent
 SECRETS = ("ckptfs-test-access-key", "ckptfs-test-secret-key")
 
