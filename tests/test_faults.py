@@ -408,18 +408,25 @@ def test_hanging_chunk_requests_are_waited_for(proxy: FaultProxy, seaweed: Seawe
     b.umount()
 
 
-def test_throttled_listing_never_reports_an_existing_file_missing(
-        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
-    """A node that has not listed a directory yet, while the store throttles LIST and
-    manifest GETs for a few seconds, must not answer ENOENT for a file that exists (a
-    loader would conclude there is no checkpoint): it may wait, or fail with EIO."""
+def checkpoint_from_another_node(proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path,
+                                 nodes: list[Mount]) -> Mount:
+    """Node a writes ckpt/model.bin (1000 bytes) and unmounts; returns node b, a new
+    mount of the same store that has listed nothing yet (both through the proxy)."""
     url = f"s3://{seaweed.new_bucket()}/job"
     a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
                  "--chunk-size", "1M")
     (a / "ckpt").mkdir()
     (a / "ckpt" / "model.bin").write_bytes(b"w" * 1000)
     a.umount()
-    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    return new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+
+
+def test_throttled_listing_never_reports_an_existing_file_missing(
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """A node that has not listed a directory yet, while the store throttles LIST and
+    manifest GETs for a few seconds, must not answer ENOENT for a file that exists (a
+    loader would conclude there is no checkpoint): it may wait, or fail with EIO."""
+    b = checkpoint_from_another_node(proxy, seaweed, tmp_path, nodes)
     proxy.throttle(1.0, lambda m, p: "/chunks/" not in p)
     lift = threading.Timer(3.0, proxy.throttle, (0.0, lambda m, p: False))
     lift.start()
@@ -445,13 +452,7 @@ def test_directory_never_listed_is_eio_during_an_outage_never_empty(
     """An outage longer than the retries: a directory this node listed before keeps its
     view, but one it never listed fails with EIO; an empty listing or ENOENT would tell a
     resume script there is no checkpoint, and it would start training over."""
-    url = f"s3://{seaweed.new_bucket()}/job"
-    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
-                 "--chunk-size", "1M")
-    (a / "ckpt").mkdir()
-    (a / "ckpt" / "model.bin").write_bytes(b"w" * 1000)
-    a.umount()
-    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    b = checkpoint_from_another_node(proxy, seaweed, tmp_path, nodes)
     assert os.listdir(b.path) == ["ckpt"]  # the root is listed before the outage
 
     def outcome(fn: Callable[[], object]) -> object:
