@@ -16,6 +16,8 @@ instead, see filesystem.py).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import threading
@@ -25,6 +27,18 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 _scratch = threading.local()
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def punch_hole(fd: int, offset: int, length: int) -> None:
+    """Free the disk blocks of [offset, offset + length) of a file; it reads as zeros
+    afterwards and keeps its size. OSError where the file system cannot (EOPNOTSUPP)."""
+    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def pread_scratch(fd: int, length: int, offset: int) -> memoryview:
@@ -60,6 +74,7 @@ class StagingFile:
     fd: int
     sealed: bool = False  # published: its bytes never change again
     extent: int = 0  # highest byte written + 1 (cache accounting)
+    holes: dict[int, int] = field(default_factory=dict)  # chunk offset -> bytes punched out
     dirty: dict[int, int] = field(default_factory=dict)  # chunk offset -> bytes not in store
     pending: int = 0  # sealed chunks still to upload
     writers: int = 0  # open write buffers using this file
@@ -91,6 +106,7 @@ class LocalCache:
         self.hits = 0
         self.misses = 0
         self.evicted_bytes = 0
+        self._punch_failed = False
 
     # -- startup -------------------------------------------------------------------
     def scan(self, keep_staging: set[int]) -> None:
@@ -104,7 +120,9 @@ class LocalCache:
             path = os.path.join(self.staging_dir, str(sid))
             if os.path.exists(path):
                 fd = os.open(path, os.O_RDWR)
-                st = StagingFile(sid, path, fd, sealed=True, extent=os.fstat(fd).st_size)
+                info = os.fstat(fd)  # holes (chunks freed while open) take no space
+                st = StagingFile(sid, path, fd, sealed=True,
+                                 extent=min(info.st_size, info.st_blocks * 512))
                 self.staging[sid] = st
         entries = []
         for sub in os.listdir(self.chunks_dir):
@@ -263,7 +281,30 @@ class LocalCache:
     # -- size accounting -----------------------------------------------------------------
     @property
     def staging_bytes(self) -> int:
-        return sum(st.extent for st in self.staging.values())
+        return sum(st.extent - sum(st.holes.values()) for st in self.staging.values())
+
+    def punch_uploaded(self, st: StagingFile, chunk_offset: int, length: int) -> bool:
+        """Free a chunk of an open file's staging file that is safely in the store (its
+        bytes are fetched back if read or partly overwritten). False if the cache's file
+        system cannot punch holes: the chunk then stays until the file is closed."""
+        try:
+            punch_hole(st.fd, chunk_offset, length)
+        except OSError as e:
+            if not self._punch_failed:
+                log.warning("cannot free uploaded chunks of open files in %s (%s): a file "
+                            "larger than --cache-size may fill the cache disk", self.root, e)
+                self._punch_failed = True
+            return False
+        st.holes[chunk_offset] = length
+        self.evicted_bytes += length
+        return True
+
+    def fill_hole(self, st: StagingFile, chunk_offset: int) -> None:
+        """The chunk at `chunk_offset` is being written into the staging file again."""
+        st.holes.pop(chunk_offset, None)
+
+    def over_limit(self) -> bool:
+        return self.used_bytes > self.limit_bytes
 
     @property
     def cached_bytes(self) -> int:
@@ -294,7 +335,7 @@ class LocalCache:
                 st = self.staging.get(sid)
                 if st is None:
                     continue
-                size = st.extent
+                size = st.extent - sum(st.holes.values())
                 self.drop_staging(st)
             else:
                 return  # only dirty data left: writers wait for uploads

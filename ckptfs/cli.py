@@ -20,6 +20,7 @@ from .errors import CkptfsError
 
 if TYPE_CHECKING:
     from .inspection import FileReport
+    from .journal import LostFile
     from .store.base import Store
 
 log = logging.getLogger("ckptfs")
@@ -151,13 +152,26 @@ def format_status(st: dict[str, Any]) -> str:
         f"{st['dedup_ratio'] or '-'}   logical written {human(st['logical_bytes'])}",
         f"cache        {human(st['cache_bytes'])} of {human(st['cache_limit'])}"
         f"   fetched {human(st['fetched_bytes'])}   open files {st['open_files']}",
-        f"state        {'durable: everything closed is in the store' if st['durable'] else 'uploading'}",
+        f"state        {state_line(st)}",
     ]
     for e in st["errors"]:
         lines.append(f"error        {e}")
     if st.get("retrying_since"):
         lines.append(f"retrying     since {time.ctime(st['retrying_since'])}")
     return "\n".join(lines)
+
+
+def state_line(st: dict[str, Any]) -> str:
+    if st["durable"]:
+        return "durable: everything written is in the store"
+    why = []
+    if st["pending_chunks"] or st["pending_ops"]:
+        why.append("uploading")
+    if st["open_files"]:
+        why.append(f"{st['open_files']} files open with data not yet published")
+    if st.get("problems"):
+        why.append(f"{len(st['problems'])} files could not be saved (see errors)")
+    return "not durable: " + ", ".join(why or ["uploading"])
 
 
 def cmd_status(a: argparse.Namespace) -> int:
@@ -251,7 +265,7 @@ def cmd_umount(a: argparse.Namespace) -> int:
     pid, cache_dir = st["pid"], st["cache_dir"]
     start = time.monotonic()
     try:
-        sync(mountpoint, a.timeout, sock)
+        final = sync(mountpoint, a.timeout, sock)
     except SyncTimeout as e:
         raise CliError(f"still mounted: {e}") from None
     except KeyboardInterrupt:
@@ -268,6 +282,14 @@ def cmd_umount(a: argparse.Namespace) -> int:
     if chunks or ops:
         raise CliError(f"unmounted, but {chunks} chunks and {ops} metadata ops are not in the "
                        f"store yet; they stay in {cache_dir} for the next mount")
+    lost = journal_lost(cache_dir)
+    if lost:
+        names = sorted({f.path for f in lost})
+        raise CliError(f"unmounted, but {len(names)} files lost data before it reached the "
+                       f"store (rewrite or delete them): {', '.join(names)}")
+    if final.get("problems"):
+        raise CliError(f"unmounted, but some data could not be saved: "
+                       f"{'; '.join(final['problems'])}")
     print(f"unmounted {mountpoint}: everything is in the store "
           f"({time.monotonic() - start:.1f}s)")
     return 0
@@ -292,6 +314,13 @@ def journal_counts(cache_dir: str) -> tuple[int, int]:
     from .journal import read_counts
 
     return read_counts(os.path.join(cache_dir, "journal.sqlite"))
+
+
+def journal_lost(cache_dir: str) -> list[LostFile]:
+    """The files a stopped mount recorded as having lost data (journal.py)."""
+    from .journal import read_lost
+
+    return read_lost(os.path.join(cache_dir, "journal.sqlite"))
 
 
 # ---------------------------------------------------------------------------- store tools

@@ -13,6 +13,7 @@ Closing (flush) or fsync publishes the buffer as a new manifest (docs/SEMANTICS.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -55,6 +56,15 @@ from .uploader import Uploader, UploadJob
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, without importing the journal's database here
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for a failure of a local operation (no traceback)."""
+    if getattr(e, "sqlite_errorcode", None) == SQLITE_FULL or (
+            isinstance(e, OSError) and e.errno == errno.ENOSPC):
+        return "the cache disk is full"
+    return f"{type(e).__name__}: {e}"
 
 ROOT_INODE = 1
 STATE_XATTR = "user.ckptfs.state"
@@ -81,14 +91,18 @@ class Options:
 class WriteBuffer:
     """The version of a file being written on this node.
 
-    Chunk i's bytes are in the staging file if i >= len(base) or i in `local`; else they
-    are still base[i], a chunk of the version the buffer started from.
+    Chunk i's bytes are in the staging file unless i is in `remote`: then they are the
+    stored chunk remote[i], either a chunk of the version the buffer started from or one
+    uploaded while the file was open and freed from the staging file (evict_uploaded).
     """
 
     staging: StagingFile
     size: int
-    base: list[tuple[str, int]]
-    local: set[int] = field(default_factory=set)
+    remote: dict[int, tuple[str, int]]
+    # complete chunks uploaded early, oldest first (freed from staging when the cache is
+    # over its limit, if not written since: see CheckpointFS._evict_uploaded)
+    uploaded: list[int] = field(default_factory=list)
+    evict_due: bool = False  # an upload finished while a write held the node's lock
     versions: dict[int, int] = field(default_factory=dict)  # chunk -> writes so far
     hashes: dict[int, tuple[str, int]] = field(default_factory=dict)  # chunk -> (hash, version)
     seq_end: int = 0  # end of the sequentially written prefix (early upload frontier)
@@ -97,7 +111,7 @@ class WriteBuffer:
     stream_chunk: int = -1
 
     def is_local(self, index: int) -> bool:
-        return index >= len(self.base) or index in self.local
+        return index not in self.remote
 
 
 @dataclass(eq=False)
@@ -121,6 +135,7 @@ class Node:
     lookups: int = 0
     opens: int = 0
     removed: bool = False
+    publish_error: str | None = None  # files: why the last publish at release failed
     lock: trio.Lock = field(default_factory=trio.Lock)
     # directories: name -> [local changes not yet journaled, highest journal seq of a change]
     # of entries changed here recently; a listing must not undo them (see _apply_listing)
@@ -473,7 +488,8 @@ class CheckpointFS:
         seq = 0
         try:
             crash_point(f"before_journal_{kind}")
-            [seq] = await self.uploader.persist(chunks or [], [(kind, path, path2, body)])
+            [seq] = await self.uploader.persist(chunks or [], [(kind, path, path2, body)],
+                                                path if chunks else None)
             crash_point(f"journaled_{kind}")
             await self.publisher.add(Op(seq, kind, path, path2, body))
         finally:
@@ -763,15 +779,33 @@ class CheckpointFS:
             return
         node = h.node
         if h.writable and node.buffer is not None and not self._has_writer(node):
-            # written after the last flush (e.g. through a shared mmap): publish now
-            async with node.lock:
-                if node.buffer is not None:
-                    try:
-                        await self._publish(node, fsync=False)
-                    except Exception:
-                        log.exception("could not publish %s at release", node.path)
+            # written after the last flush (e.g. through a shared mmap), or the flush
+            # failed (its error went to close()): publish now
+            await self._publish_at_release(node)
         node.opens -= 1
         self._maybe_drop(node)
+
+    async def _publish_at_release(self, node: Node) -> None:
+        """Publish a buffer nobody will close again. Nobody can be told of a failure
+        here, so it is logged (one line) and shown by `status` until a later publish of
+        the file succeeds (the unmount tries once more) or the file is deleted."""
+        async with node.lock:
+            if node.buffer is None:
+                return
+            try:
+                await self._publish(node, fsync=False)
+            except Exception as e:  # noqa: BLE001 - reported, see the docstring
+                why = describe_error(e)
+                if node.publish_error != why:
+                    log.error("could not publish %s at release; its data is not saved: %s",
+                              node.path, why)
+                node.publish_error = why
+
+    async def publish_leftovers(self) -> None:
+        """At unmount: try once more to publish files whose publish failed at release."""
+        for node in list(self.nodes.values()):
+            if node.buffer is not None and node.publish_error and not node.removed:
+                await self._publish_at_release(node)
 
     # ===================================================================== write path
     def _aligned(self, m: Manifest) -> bool:
@@ -784,17 +818,17 @@ class CheckpointFS:
         st = self.cache.new_staging()
         st.writers += 1
         if m is None or m.is_symlink:
-            return WriteBuffer(st, 0, [])
+            return WriteBuffer(st, 0, {})
         os.ftruncate(st.fd, m.size)
         st.extent = m.size
-        return WriteBuffer(st, m.size, list(m.chunks) if self._aligned(m) else [])
+        return WriteBuffer(st, m.size, dict(enumerate(m.chunks)) if self._aligned(m) else {})
 
     async def _buffer(self, node: Node) -> WriteBuffer:
         """The node's write buffer, created on the first modification after a publish."""
         if node.buffer is None:
             m = node.manifest
             buf = self._new_buffer(m)
-            if m is not None and m.chunks and not buf.base:
+            if m is not None and m.chunks and not buf.remote:
                 # chunked differently (another chunker): copy every chunk into staging
                 for (h, n), offset in zip(m.chunks, node.offsets):
                     await self._copy_chunk_into(buf.staging, node, h, n, offset)
@@ -812,10 +846,11 @@ class CheckpointFS:
 
     def _mark_written(self, buf: WriteBuffer, index: int) -> None:
         """Chunk `index` was (or will now be) modified in the staging file."""
-        buf.local.add(index)
+        buf.remote.pop(index, None)
         buf.versions[index] = buf.versions.get(index, 0) + 1
         buf.hashes.pop(index, None)
         start, end = self.chunker.span(index, buf.size)
+        self.cache.fill_hole(buf.staging, start)
         self.cache.set_dirty(buf.staging, start, max(end - start, 0))
 
     async def _wait_for_space(self) -> None:
@@ -841,7 +876,7 @@ class CheckpointFS:
                 if not buf.is_local(i):
                     start, chunk_end = self.chunker.span(i, buf.size)
                     if offset > start or end < chunk_end:  # partial overwrite of a base chunk
-                        h, n = buf.base[i]
+                        h, n = buf.remote[i]
                         await self._copy_chunk_into(buf.staging, node, h, n, start)
             os.pwrite(buf.staging.fd, data, offset)
             crash_point("write")
@@ -853,8 +888,12 @@ class CheckpointFS:
             else:
                 buf.stream = None
             if offset <= buf.seq_end < end:
-                self._upload_early(buf, buf.seq_end, end)
+                if self._upload_early(node, buf, buf.seq_end, end):
+                    buf.evict_due = True  # the cache grew by a chunk: still in bounds?
                 buf.seq_end = end
+            if buf.evict_due:  # (also set by uploads that finished during this write)
+                buf.evict_due = False
+                self._evict_uploaded(buf)
         return len(data)
 
     def _stream_hash(self, buf: WriteBuffer, offset: int, data: bytes) -> None:
@@ -885,7 +924,7 @@ class CheckpointFS:
         old = buf.size
         tail = old // self.chunk_size
         if old % self.chunk_size and not buf.is_local(tail):
-            h, n = buf.base[tail]
+            h, n = buf.remote[tail]
             await self._copy_chunk_into(buf.staging, node, h, n, tail * self.chunk_size)
         buf.size = size
         node.size = size
@@ -893,10 +932,11 @@ class CheckpointFS:
         for i in range(tail, self.chunker.count(size)):
             self._mark_written(buf, i)
 
-    def _upload_early(self, buf: WriteBuffer, old_end: int, new_end: int) -> None:
-        """Queue the chunks that sequential writes just completed."""
+    def _upload_early(self, node: Node, buf: WriteBuffer, old_end: int, new_end: int) -> int:
+        """Queue the chunks that sequential writes just completed; returns how many."""
         first = self.chunker.index(old_end)
-        for i in range(first, new_end // self.chunk_size):
+        completed = range(first, new_end // self.chunk_size)
+        for i in completed:
             version = buf.versions.get(i, 0)
             start = i * self.chunk_size
 
@@ -904,9 +944,36 @@ class CheckpointFS:
                 if buf.versions.get(i) == version and buf.staging.fd >= 0:
                     buf.hashes[i] = (chunk_hash, version)
                     self.cache.clear_dirty(buf.staging, i * self.chunk_size)
+                    buf.uploaded.append(i)
+                    if node.lock.locked():
+                        buf.evict_due = True  # the write holding the lock evicts
+                    elif node.buffer is buf:
+                        self._evict_uploaded(buf)
 
             self.uploader.submit_early_nowait(
                 UploadJob(buf.staging, start, self.chunk_size, on_done=done))
+        return len(completed)
+
+    def _evict_uploaded(self, buf: WriteBuffer) -> None:
+        """Keep the cache within its limit while a large file is written: once clean
+        data elsewhere is gone, free the chunks of this open file that are already in the
+        store, oldest first. They become remote chunks of the buffer, fetched back if read
+        or partly overwritten. Runs only while no write of the file is half done (the
+        node's lock is free or held by the caller), so no write sees a chunk vanish."""
+        if not self.cache.over_limit():
+            return
+        self.cache.evict()
+        while buf.uploaded and self.cache.over_limit():
+            i = buf.uploaded.pop(0)
+            known = buf.hashes.get(i)
+            if (known is None or known[1] != buf.versions.get(i, 0) or not buf.is_local(i)
+                    or known[0] not in self.uploader.in_store or buf.staging.fd < 0):
+                continue  # written again since its upload, or already freed
+            start = i * self.chunk_size
+            if not self.cache.punch_uploaded(buf.staging, start, self.chunk_size):
+                buf.uploaded.clear()
+                return
+            buf.remote[i] = (known[0], self.chunk_size)
 
     async def _truncate(self, node: Node, size: int) -> None:
         if node.buffer is not None:
@@ -926,15 +993,16 @@ class CheckpointFS:
                 count = self.chunker.count(size)
                 last = count - 1
                 if size % self.chunk_size and not buf.is_local(last):
-                    h, n = buf.base[last]
+                    h, n = buf.remote[last]
                     await self._copy_chunk_into(buf.staging, node, h, n,
                                                 last * self.chunk_size)
-                del buf.base[count:]
-                for i in [i for i in buf.local if i >= count]:
-                    buf.local.discard(i)
-                    buf.hashes.pop(i, None)
-                    self.cache.clear_dirty(buf.staging, i * self.chunk_size)
+                for i in range(count, self.chunker.count(buf.size)):
+                    if buf.remote.pop(i, None) is None:
+                        buf.hashes.pop(i, None)
+                        self.cache.clear_dirty(buf.staging, i * self.chunk_size)
+                    self.cache.fill_hole(buf.staging, i * self.chunk_size)
                 os.ftruncate(buf.staging.fd, size)
+                buf.staging.extent = min(buf.staging.extent, size)
                 buf.size = size
                 if size % self.chunk_size:
                     self._mark_written(buf, last)
@@ -967,7 +1035,7 @@ class CheckpointFS:
                 pending.append(PendingChunk(h, st.id, start, end - start))
                 self.cache.add_staged_chunk(h, st, start, end - start)
             else:
-                h = buf.base[i][0]
+                h = buf.remote[i][0]
             chunks.append((h, end - start))
         if fsync:
             await trio.to_thread.run_sync(os.fsync, st.fd, limiter=self._hash_limiter)
@@ -985,6 +1053,7 @@ class CheckpointFS:
         st.sealed = True
         st.writers -= 1
         node.buffer = None
+        node.publish_error = None
         self._set_manifest(node, m)  # unlinked while open: still readable through its fds
         self.cache.release_staging(st)
         self.cache.evict()
@@ -1045,7 +1114,7 @@ class CheckpointFS:
             if buf.is_local(i):
                 parts.append(os.pread(buf.staging.fd, chunk_end - pos, pos))
             else:
-                chunk_hash, _ = buf.base[i]
+                chunk_hash, _ = buf.remote[i]
                 fd, base = await self._locate_for(node, chunk_hash)
                 parts.append(os.pread(fd, chunk_end - pos, base + pos - i * self.chunk_size))
             pos = chunk_end
@@ -1057,13 +1126,24 @@ class CheckpointFS:
                 "ffree": 1 << 32, "namemax": NAME_MAX}
 
     def open_buffers(self) -> int:
-        return sum(1 for n in self.nodes.values() if n.buffer is not None)
+        """Files with written data not yet published (open, or failed to publish)."""
+        return sum(1 for n in self.nodes.values() if n.buffer is not None and not n.removed)
+
+    def problems(self) -> list[str]:
+        """Data this mount could not save, one line each (status `errors`, the log)."""
+        out = [f"could not publish {n.path}; its data is not saved: {n.publish_error}"
+               for n in self.nodes.values()
+               if n.publish_error and n.buffer is not None and not n.removed]
+        out += [f"DATA LOST: {f.path}: chunk {f.hash} never reached the store: {f.reason}; "
+                f"rewrite or delete the file" for f in self.uploader.lost_files()]
+        return out
 
     def statistics(self) -> dict[str, object]:
         """What `ckptfs status --json` prints (docs/OPERATIONS.md explains each field)."""
         up = self.uploader.statistics()
         fetch = self.fetcher.statistics()
-        errors = [e for e in (up.last_error, self.publisher.last_error) if e]
+        problems = self.problems()
+        errors = [e for e in (up.last_error, self.publisher.last_error) if e] + problems
         rate = up.upload_rate
         dirty = self.cache.dirty_bytes
         return {
@@ -1088,12 +1168,18 @@ class CheckpointFS:
             "cache_hits": fetch.cache_hits,
             "cache_misses": fetch.cache_misses,
             "errors": errors,
+            "problems": problems,
             "retrying_since": up.retrying_since,
             "durable": self.durable(),
         }
 
-    def durable(self) -> bool:
+    def flushed(self) -> bool:
+        """Every chunk and metadata change journaled so far is in the store."""
         return self.uploader.pending_count() == 0 and self.publisher.pending_count == 0
+
+    def durable(self) -> bool:
+        """flushed(), no file open with unpublished data, and no data lost."""
+        return self.flushed() and self.open_buffers() == 0 and not self.problems()
 
     def sync_target(self) -> tuple[int, frozenset[str]]:
         """What `ckptfs sync` waits for: the ops and chunks journaled so far."""
@@ -1104,8 +1190,8 @@ class CheckpointFS:
         return self.publisher.applied_seq >= seq and not any(
             self.uploader.is_pending(h) for h in hashes)
 
-    async def wait_all_durable(self) -> None:
+    async def wait_all_flushed(self) -> None:
         """Until every closed file and metadata change is in the store."""
-        while not self.durable():
+        while not self.flushed():
             with trio.move_on_after(0.5):
                 await self.uploader.wait_changed()

@@ -1,11 +1,16 @@
 """The SQLite journal in the cache directory: what is not yet durable in the store.
 
-Two tables, written before an operation is acknowledged and cleared when the store has it:
+Tables written before an operation is acknowledged and cleared when the store has it:
 
 - ``chunks``: chunks of published files still to upload, and where their bytes are
   (a staging file and an offset);
+- ``chunk_paths``: which files (paths) need each of those chunks, kept up to date
+  through renames and deletes, so that a lost chunk can be reported by file name;
 - ``ops``: metadata operations (manifest puts, deletes, renames) still to apply to the
-  store, applied strictly in ``seq`` order.
+  store, applied strictly in ``seq`` order;
+- ``lost``: files that lost a chunk before it reached the store (its staged bytes were
+  gone or damaged). A row stays, and status, the log and umount report it, until the
+  file is rewritten without that chunk or deleted.
 
 All methods block; the filesystem calls them through one thread (a limiter of size 1),
 so a single connection is used. WAL mode with synchronous=FULL: a commit survives a
@@ -14,9 +19,12 @@ crash of the process and of the machine.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 SCHEMA = """
@@ -37,6 +45,17 @@ CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS chunk_paths (
+    hash TEXT NOT NULL,
+    path TEXT NOT NULL,
+    PRIMARY KEY (hash, path)
+);
+CREATE TABLE IF NOT EXISTS lost (
+    path TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (path, hash)
+);
 """
 
 
@@ -46,6 +65,14 @@ def _counts(db: sqlite3.Connection) -> tuple[int, int]:
     return int(c), int(o)
 
 
+def _lost(db: sqlite3.Connection) -> list[LostFile]:
+    try:
+        rows = db.execute("SELECT path, hash, reason FROM lost ORDER BY path, hash").fetchall()
+    except sqlite3.OperationalError:  # a journal from before the table existed
+        return []
+    return [LostFile(*r) for r in rows]
+
+
 def read_counts(path: str) -> tuple[int, int]:
     """Journal.counts() of a journal not in use (read-only: e.g. after the daemon exited)."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -53,6 +80,47 @@ def read_counts(path: str) -> tuple[int, int]:
         return _counts(db)
     finally:
         db.close()
+
+
+def read_lost(path: str) -> list[LostFile]:
+    """Journal.lost_files() of a journal not in use (read-only)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return _lost(db)
+    finally:
+        db.close()
+
+
+def _follow_op(cur: sqlite3.Cursor, kind: str, path: str, path2: str | None,
+               body: bytes | None) -> None:
+    """Keep chunk_paths and lost naming the right files after a namespace op."""
+    for table in ("chunk_paths", "lost"):
+        if kind == "put_file":  # a new version: forget what it no longer references
+            try:
+                hashes = [str(c[0]) for c in json.loads(body or b"{}").get("chunks", ())]
+            except (ValueError, TypeError, IndexError, AttributeError):
+                hashes = []
+            marks = ",".join("?" * len(hashes))
+            cur.execute(f"DELETE FROM {table} WHERE path = ? AND hash NOT IN ({marks})",
+                        (path, *hashes))
+        elif kind == "delete_file":
+            cur.execute(f"DELETE FROM {table} WHERE path = ?", (path,))
+        elif kind == "rename_file" and path2 is not None:
+            cur.execute(f"DELETE FROM {table} WHERE path = ?", (path2,))
+            cur.execute(f"UPDATE OR REPLACE {table} SET path = ? WHERE path = ?", (path2, path))
+        elif kind == "rename_dir" and path2 is not None:
+            n = len(path) + 1
+            cur.execute(f"UPDATE OR REPLACE {table} SET path = ? || substr(path, ?) "
+                        f"WHERE substr(path, 1, ?) = ?", (path2, n, n, path + "/"))
+
+
+@dataclass(frozen=True)
+class LostFile:
+    """A file that lost a chunk before the chunk reached the store."""
+
+    path: str
+    hash: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -89,34 +157,52 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._lost = _lost(self._db)  # read often (status), changed rarely
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    # -- chunks -------------------------------------------------------------------
-    def add_chunks(self, chunks: list[PendingChunk], ops: list[tuple[str, str, str | None,
-                   bytes | None]] = ()) -> list[int]:  # type: ignore[assignment]
-        """Record chunks to upload and ops to apply in one transaction; returns op seqs."""
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction under the lock, rolled back if anything fails."""
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                cur.executemany(
-                    "INSERT OR IGNORE INTO chunks(hash, staging_id, offset, length) "
-                    "VALUES (?, ?, ?, ?)",
-                    [(c.hash, c.staging_id, c.offset, c.length) for c in chunks])
-                seqs = []
-                for kind, path, path2, body in ops:
-                    cur.execute("INSERT INTO ops(kind, path, path2, body) VALUES (?, ?, ?, ?)",
-                                (kind, path, path2, body))
-                    seqs.append(int(cur.lastrowid or 0))
+                yield cur
                 cur.execute("COMMIT")
             except BaseException:
                 if self._db.in_transaction:  # SQLite already rolled back on SQLITE_FULL
                     cur.execute("ROLLBACK")
                 raise
-            return seqs
+
+    # -- chunks -------------------------------------------------------------------
+    def add_chunks(self, chunks: list[PendingChunk], ops: list[tuple[str, str, str | None,
+                   bytes | None]] = (), path: str | None = None  # type: ignore[assignment]
+                   ) -> list[int]:
+        """Record chunks to upload (needed by the file at `path`) and ops to apply, in one
+        transaction; returns the ops' sequence numbers."""
+        with self._transaction() as cur:
+            cur.executemany(
+                "INSERT OR IGNORE INTO chunks(hash, staging_id, offset, length) "
+                "VALUES (?, ?, ?, ?)",
+                [(c.hash, c.staging_id, c.offset, c.length) for c in chunks])
+            if path is not None:
+                rows = [(c.hash, path) for c in chunks]
+                cur.executemany("INSERT OR IGNORE INTO chunk_paths(hash, path) VALUES (?, ?)",
+                                rows)
+                cur.executemany("DELETE FROM lost WHERE hash = ? AND path = ?", rows)
+            seqs = []
+            for kind, op_path, path2, body in ops:
+                cur.execute("INSERT INTO ops(kind, path, path2, body) VALUES (?, ?, ?, ?)",
+                            (kind, op_path, path2, body))
+                seqs.append(int(cur.lastrowid or 0))
+                _follow_op(cur, kind, op_path, path2, body)
+        if self._lost:
+            with self._lock:
+                self._lost = _lost(self._db)
+        return seqs
 
     def add_op(self, kind: str, path: str, path2: str | None = None,
                body: bytes | None = None) -> int:
@@ -124,8 +210,27 @@ class Journal:
         return self.add_chunks([], [(kind, path, path2, body)])[0]
 
     def remove_chunk(self, chunk_hash: str) -> None:
+        """The chunk is in the store."""
+        with self._transaction() as cur:
+            cur.execute("DELETE FROM chunks WHERE hash = ?", (chunk_hash,))
+            cur.execute("DELETE FROM chunk_paths WHERE hash = ?", (chunk_hash,))
+
+    def mark_lost(self, chunk_hash: str, reason: str) -> list[str]:
+        """The chunk can never be uploaded: record the files that needed it as lost and
+        stop tracking the chunk. Returns those files' paths."""
+        with self._transaction() as cur:
+            cur.execute("INSERT OR REPLACE INTO lost(path, hash, reason) "
+                        "SELECT path, hash, ? FROM chunk_paths WHERE hash = ?",
+                        (reason, chunk_hash))
+            cur.execute("DELETE FROM chunks WHERE hash = ?", (chunk_hash,))
+            cur.execute("DELETE FROM chunk_paths WHERE hash = ?", (chunk_hash,))
         with self._lock:
-            self._db.execute("DELETE FROM chunks WHERE hash = ?", (chunk_hash,))
+            self._lost = _lost(self._db)
+        return [f.path for f in self._lost if f.hash == chunk_hash]
+
+    def lost_files(self) -> list[LostFile]:
+        """Files that lost data (see the module docstring); no database read."""
+        return self._lost
 
     def pending_chunks(self) -> list[PendingChunk]:
         with self._lock:

@@ -174,6 +174,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                               fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
                               control_socket=sock_path))
         await uploader.resume(p.journal.pending_chunks())
+        for problem in fs.problems():  # said at every mount until the file is rewritten
+            log.error("%s", problem)
         publisher.load(p.journal.pending_ops())
         started = time.time()
 
@@ -209,10 +211,14 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
             crash_point("unmounted")
             with trio.CancelScope() as flush_scope:
                 ops_holder["flush_scope"] = flush_scope
-                await fs.wait_all_durable()
+                await fs.publish_leftovers()
+                await fs.wait_all_flushed()
             durable = fs.durable()
+            for problem in fs.problems():
+                log.error("%s", problem)
             log.info("flush %s", "complete: everything is in the store" if durable else
-                     "interrupted: the rest stays in the cache for the next mount")
+                     "interrupted: the rest stays in the cache for the next mount"
+                     if not fs.flushed() else "complete, but some data could not be saved")
             nursery.cancel_scope.cancel()
         return 0 if durable else 1
 

@@ -33,7 +33,7 @@ from . import codec, manifests
 from .cache import LocalCache, StagingFile, pread_scratch
 from .crashpoints import crash_point
 from .errors import StoreError, TransientStoreError
-from .journal import Journal, PendingChunk
+from .journal import Journal, LostFile, PendingChunk
 from .store.base import Store
 
 log = logging.getLogger(__name__)
@@ -199,14 +199,15 @@ class Uploader:
             pass
 
     async def persist(self, chunks: list[PendingChunk], ops: list[tuple[str, str, str | None,
-                      bytes | None]]) -> list[int]:
-        """Journal the chunks not yet in the store plus metadata ops; queue the uploads.
+                      bytes | None]], path: str | None = None) -> list[int]:
+        """Journal the chunks not yet in the store (needed by the file at `path`) plus
+        metadata ops; queue the uploads.
 
         Returns the ops' sequence numbers. When this returns, the chunks survive a crash.
         """
         async with self._lock:
             todo = [c for c in chunks if c.hash not in self.in_store]
-            seqs = await trio.to_thread.run_sync(self.journal.add_chunks, todo, ops,
+            seqs = await trio.to_thread.run_sync(self.journal.add_chunks, todo, ops, path,
                                                  limiter=self.journal_limiter)
             for c in todo:
                 self._journaled.add(c.hash)
@@ -224,12 +225,10 @@ class Uploader:
         for c, ok in zip(chunks, intact):
             st = self.cache.staging.get(c.staging_id)
             if st is None or not ok:
-                log.error("chunk %s of a closed file is lost: its staged bytes are %s "
-                          "(was the machine reset before they were written back?)", c.hash,
-                          "gone" if st is None else "damaged")
-                self.last_error = f"{c.hash}: staged bytes lost before upload"
-                await trio.to_thread.run_sync(self.journal.remove_chunk, c.hash,
-                                              limiter=self.journal_limiter)
+                state = "gone" if st is None else "damaged"
+                await self._mark_lost(c.hash, f"its staged bytes were {state} before the "
+                                      "upload (was the machine reset before they were "
+                                      "written back?)")
                 continue
             self._journaled.add(c.hash)
             self.cache.add_staged_chunk(c.hash, st, c.offset, c.length)
@@ -336,9 +335,7 @@ class Uploader:
                 await trio.sleep(wait)
                 continue
             except OSError as e:
-                log.error("cannot read staged chunk at %s+%d: %s", job.staging.path,
-                          job.offset, e)
-                await self._abandon(job)
+                await self._abandon(job, f"its staged bytes are unreadable ({e})")
                 return
             finally:
                 self._uploading_bytes -= job.length
@@ -347,9 +344,8 @@ class Uploader:
             if chunk_hash is None and job.hash is None:
                 return  # an early job read a chunk being rewritten: close hashes it again
             if chunk_hash is None:  # published chunk whose staged bytes changed: lost
-                log.error("staged bytes of chunk %s no longer match it (lost before a local "
-                          "fsync?)", job.hash)
-                await self._abandon(job)
+                await self._abandon(job, "its staged bytes no longer match it (lost before "
+                                    "a local fsync?)")
                 return
             self._stored_bytes += stored_len
             await self._finished(job, chunk_hash, uploaded=stored_len > 0)
@@ -421,24 +417,41 @@ class Uploader:
         self.cache.evict()
         await self._notify()
 
-    async def _abandon(self, job: UploadJob) -> None:
+    async def _abandon(self, job: UploadJob, why: str) -> None:
         """A published chunk whose local bytes are unreadable or wrong: it cannot be
-        uploaded from here, so stop tracking it (the error is logged; `ckptfs verify`
-        on any node reports the file incomplete)."""
+        uploaded from here, so stop tracking it and record the files that lost it (status,
+        the log and umount report them; `ckptfs verify` on any node finds them
+        incomplete)."""
         if job.hash is None:
             return  # an early job: the chunk is hashed and queued again at close
-        self.last_error = f"chunk {job.hash} lost: its staged bytes are unreadable"
         async with self._lock:
             self._queued.discard(job.hash)
             if job.hash in self._journaled:
                 self._journaled.discard(job.hash)
-                await self._forget_journaled(job.hash)
+                await self._mark_lost(job.hash, why)
         for st, offset in self._waiting.pop(job.hash, []):
             st.pending -= 1
             self.cache.clear_dirty(st, offset)
             self.cache.release_staging(st)
         self.cache.forget_staged(job.hash)  # never serve bytes that do not match the name
         await self._notify()
+
+    def lost_files(self) -> list[LostFile]:
+        """Files that lost a chunk before it reached the store (journal.py)."""
+        return self.journal.lost_files()
+
+    async def _mark_lost(self, chunk_hash: str, why: str) -> None:
+        """Record (in the journal) and log the files that lost this chunk."""
+        try:
+            paths = await trio.to_thread.run_sync(self.journal.mark_lost, chunk_hash, why,
+                                                  limiter=self.journal_limiter)
+        except sqlite3.Error as e:
+            log.error("chunk %s is lost (%s), and the journal cannot record it: %s",
+                      chunk_hash, why, e)
+            return
+        for path in paths or ["(a file deleted since)"]:
+            log.error("DATA LOST: %s: chunk %s never reached the store: %s", path,
+                      chunk_hash, why)
 
     async def _forget_journaled(self, chunk_hash: str) -> None:
         """Drop a chunk's journal row; if the disk is full the row stays, harmlessly (the

@@ -4,6 +4,7 @@ the store, and the security basics of the cache directory, control socket and mo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -655,20 +656,89 @@ def test_missing_dev_fuse_is_a_clear_config_error(tmp_path: Path,
 
 
 # ---------------------------------------------------------------------------- 5. disk full
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (a small disk for the cache), always unmounted."""
     import subprocess
 
-    d = tmp_path / "tmpfs-cache"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(d)],
-                   check=True)
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                    str(path)], check=True)
     try:
-        yield d
+        yield path
     finally:
-        r = subprocess.run(["umount", str(d)], capture_output=True, check=False)
+        r = subprocess.run(["umount", str(path)], capture_output=True, check=False)
         if r.returncode != 0:
-            subprocess.run(["umount", "-l", str(d)], capture_output=True, check=False)
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    with tmpfs(tmp_path / "tmpfs-cache", "64m") as d:
+        yield d
+
+
+def used_bytes(path: Path) -> int:
+    s = os.statvfs(path)
+    return (s.f_blocks - s.f_bfree) * s.f_frsize
+
+
+def test_a_save_larger_than_the_cache_disk_stays_within_cache_size(
+        seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """A 160 MiB cache disk, --cache-size 64M and a 300 MiB torch.save on S3: chunks of
+    the open file leave the cache once uploaded, so the save succeeds, the cache stays
+    near its limit, status never says durable while the file is open, and a fresh node
+    loads identical tensors."""
+    import torch
+
+    from ckptfs.control import request
+
+    url = f"s3://{seaweed.new_bucket()}/job"
+    limit = 64 * MiB
+    with tmpfs(tmp_path / "cache-disk", "160m") as disk:
+        a = Mount(url, tmp_path, "a", extra=["--endpoint-url", seaweed.endpoint,
+                                             "--cache-size", "64M"])
+        a.cache = disk
+        nodes.append(a)
+        a.mount()
+        sock = os.getxattr(a.path, "user.ckptfs.control").decode()
+        peaks = {"cache_bytes": 0, "disk": 0}
+        durable_while_open: list[dict[str, Any]] = []
+        saving = threading.Event()
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                st = next(request(sock, "status"))
+                peaks["cache_bytes"] = max(peaks["cache_bytes"], st["cache_bytes"])
+                peaks["disk"] = max(peaks["disk"], used_bytes(disk))
+                if saving.is_set() and st["durable"]:
+                    durable_while_open.append(st)
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        tensor = torch.randn(75 * MiB)  # 300 MiB of float32
+        try:
+            with open(a / "big.pt", "wb") as f:
+                f.write(b"")  # the file is open with data from here until the with ends
+                saving.set()
+                torch.save({"w": tensor}, f)
+                time.sleep(0.3)
+                saving.clear()
+        finally:
+            stop.set()
+            watcher.join()
+        assert durable_while_open == [], durable_while_open[0]
+        # measured: the limit plus a few hundred bytes (the zip header before the tensor)
+        assert peaks["cache_bytes"] <= limit + 16 * MiB, peaks
+        assert peaks["disk"] < limit + 32 * MiB, peaks
+        assert a.umount().returncode == 0
+        assert "Traceback" not in (disk / "ckptfs.log").read_text()
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    loaded = torch.load(b / "big.pt")
+    assert torch.equal(loaded["w"], tensor)
+    b.umount()
 
 
 def free_bytes(path: Path) -> int:
@@ -774,6 +844,48 @@ def test_uploads_finishing_on_a_full_cache_disk_keep_the_mount_alive(
         f"the mount is gone: the daemon died on the full cache disk ({r.stderr.strip()})")
     for name, data in kept.items():
         assert (a / name).read_bytes() == data
+
+
+def test_a_chunk_lost_in_the_cache_fails_umount_naming_the_file(
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """The daemon dies before a closed file's chunks are uploaded, and its staged bytes
+    are damaged meanwhile. The next mount cannot upload that chunk: status, the log and
+    umount must say which file lost data (umount exits 1), at every mount, until the file
+    is rewritten."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M")
+    proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
+    data = os.urandom(3 * MiB)
+    os.mkdir(a / "step-1")
+    (a / "step-1" / "model.pt").write_bytes(data)
+    a.kill()
+    proxy.release()
+    [staging] = os.listdir(a.cache / "staging")
+    with open(a.cache / "staging" / staging, "r+b") as f:
+        f.seek(MiB + 1)
+        f.write(bytes([f.read(1)[0] ^ 1]))
+    a.mount()
+    run_cli("sync", str(a.path))
+    st = status(a)
+    assert not st["durable"], st
+    assert any(e.startswith("DATA LOST: step-1/model.pt: chunk ") for e in st["errors"]), st
+    assert "step-1/model.pt" in run_cli("status", str(a.path)).stdout
+    r = run_cli("umount", str(a.path), check=False)
+    assert r.returncode == 1 and not is_mounted(a.path), r.stderr
+    *progress, last = r.stderr.strip().splitlines()
+    assert all(line.startswith("sync [") for line in progress), r.stderr
+    assert last.startswith("ckptfs: ") and "Traceback" not in r.stderr, r.stderr
+    assert "lost data" in last and "step-1/model.pt" in last, last
+    log = (a.cache / "ckptfs.log").read_text()
+    assert "DATA LOST: step-1/model.pt" in log and "Traceback" not in log
+    a.mount()  # still said on the next mount, until the file is rewritten
+    assert any("step-1/model.pt" in e for e in status(a)["errors"])
+    (a / "step-1" / "model.pt").write_bytes(data)
+    assert a.umount().returncode == 0
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    assert (b / "step-1" / "model.pt").read_bytes() == data
+    b.umount()
 
 
 # ---------------------------------------------------------------------------- 6. corruption

@@ -15,7 +15,7 @@ import xxhash
 from ckptfs import codec, manifests
 from ckptfs.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, FixedChunker
 from ckptfs.errors import CorruptChunkError, FormatError, InvalidKeyError
-from ckptfs.journal import Journal, PendingChunk
+from ckptfs.journal import Journal, PendingChunk, read_lost
 from ckptfs.manifests import Manifest, StoreInfo
 
 CS = MIN_CHUNK_SIZE  # the smallest legal chunk size keeps the arithmetic readable
@@ -345,6 +345,34 @@ def test_journal_ops_in_seq_order_and_remove(tmp_path: os.PathLike[str]) -> None
     j.remove_chunk("f" * 32)  # absent: no error
     assert [c.hash for c in j.pending_chunks()] == [H2]
     assert j.counts() == (1, 15)
+    j.close()
+
+
+def test_journal_names_the_files_that_lost_a_chunk(tmp_path: os.PathLike[str]) -> None:
+    """A lost chunk is reported by the path of every file that needs it, followed through
+    renames (of the file and of its directory, not of a sibling with a longer name), and
+    forgotten when the file is deleted or rewritten without it; not on chmod."""
+    path = os.path.join(tmp_path, "j.sqlite")
+    j = Journal(path)
+    body = json.dumps({"chunks": [[H1, 1], [H2, 1]]}).encode()
+    chunks = [PendingChunk(H1, 1, 0, 1), PendingChunk(H2, 1, 1, 1)]
+    j.add_chunks(chunks, [("put_file", "ckpt/a.pt", None, body)], "ckpt/a.pt")
+    j.add_chunks(chunks[:1], [("put_file", "ckpt2/b.pt", None, body)], "ckpt2/b.pt")
+    j.add_op("rename_dir", "ckpt", "step-1")
+    assert sorted(j.mark_lost(H1, "damaged")) == ["ckpt2/b.pt", "step-1/a.pt"]
+    assert j.pending_chunks() == [chunks[1]]  # no longer tracked for upload
+    j.add_op("put_file", "step-1/a.pt", body=body)  # chmod: same chunks, still lost
+    j.add_op("rename_file", "step-1/a.pt", "step-1/final.pt")
+    j.close()
+    j = Journal(path)  # survives a restart
+    assert [(f.path, f.hash, f.reason) for f in j.lost_files()] == [
+        ("ckpt2/b.pt", H1, "damaged"), ("step-1/final.pt", H1, "damaged")]
+    j.add_op("delete_file", "ckpt2/b.pt")
+    j.add_chunks([PendingChunk(H2, 2, 0, 1)], [(
+        "put_file", "step-1/final.pt", None, json.dumps({"chunks": [[H2, 1]]}).encode())],
+        "step-1/final.pt")  # rewritten without the lost chunk
+    assert j.lost_files() == []
+    assert read_lost(path) == []
     j.close()
 
 

@@ -1,0 +1,283 @@
+"""The filesystem core driven directly (no kernel, no FUSE): CheckpointFS over a LocalStore
+in a trio nursery, as the mount wires it. Fast, and exact about the state behind a call."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from ckptfs.cache import LocalCache
+from ckptfs.fetcher import Fetcher
+from ckptfs.filesystem import CheckpointFS, Options
+from ckptfs.journal import Journal
+from ckptfs.manifests import Manifest, file_key
+from ckptfs.mount import load_or_create_info
+from ckptfs.publisher import Publisher
+from ckptfs.store.base import AsyncStore
+from ckptfs.store.local import LocalStore
+from ckptfs.uploader import Uploader
+
+KiB = 1024
+CHUNK = 64 * KiB
+ROOT = 1
+
+
+@contextlib.asynccontextmanager
+async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
+               upload_threads: int = 2) -> AsyncIterator[CheckpointFS]:
+    """A CheckpointFS on the store root/store with its cache in root/cache (kept between
+    calls, like a remount with the same --cache-dir). upload=False: nothing reaches the
+    store's chunks (the upload workers are not started)."""
+    (root / "store").mkdir(parents=True, exist_ok=True)
+    store = LocalStore(root / "store")
+    info = load_or_create_info(store, CHUNK)
+    journal = Journal(str(root / "journal.sqlite"))
+    cache = LocalCache(str(root / "cache"), cache_size)
+    cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})
+    journal_limiter = trio.CapacityLimiter(1)
+    uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads)
+    fetcher = Fetcher(store, cache, workers=2, missing_timeout=1.0)
+    publisher = Publisher(store, journal, journal_limiter, "node-a")
+    fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
+                      publisher, info.chunk_size, Options(writer_id="node-a"))
+    try:
+        await uploader.resume(journal.pending_chunks())
+        publisher.load(journal.pending_ops())
+        async with trio.open_nursery() as nursery:
+            if upload:
+                await nursery.start(uploader.run)
+            await nursery.start(fetcher.run)
+            await nursery.start(publisher.run)
+            yield fs
+            nursery.cancel_scope.cancel()
+    finally:
+        cache.close()
+        journal.close()
+
+
+def run(fn: Callable[[], Awaitable[None]]) -> None:
+    trio.run(fn)
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not check():
+            await trio.sleep(0.01)
+
+
+async def write_file(fs: CheckpointFS, name: str, data: bytes, piece: int = 16 * KiB,
+                     close: bool = True, check: Callable[[], None] | None = None) -> int:
+    """create + sequential writes (+ flush/release); `check` runs after every write."""
+    fh, _ = await fs.create(ROOT, name, 0o644, os.O_WRONLY)
+    for offset in range(0, len(data), piece):
+        await fs.write(fh, offset, data[offset:offset + piece])
+        if check is not None:
+            check()
+    if close:
+        await fs.flush(fh)
+        await fs.release(fh)
+    return fh
+
+
+async def read_file(fs: CheckpointFS, name: str) -> bytes:
+    node = await fs.lookup(ROOT, name)
+    fh, _ = await fs.open(node.inode, os.O_RDONLY)
+    try:
+        return await fs.read(fh, 0, node.size + 1)
+    finally:
+        await fs.release(fh)
+
+
+# ---------------------------------------------------------------------------- cache bound
+def test_a_file_larger_than_the_cache_stays_within_cache_size(tmp_path: Path) -> None:
+    """Uploaded chunks of a file still being written leave the cache, so one file many
+    times --cache-size never holds more than the limit plus the chunks in flight; the
+    file reads back exactly, before and after close, and from the store alone."""
+    limit = 4 * CHUNK
+    data = os.urandom(40 * CHUNK + 123)
+    peak = 0
+
+    async def main() -> None:
+        async with core(tmp_path, cache_size=limit) as fs:
+            def check() -> None:
+                nonlocal peak
+                peak = max(peak, fs.cache.used_bytes)
+
+            fh = await write_file(fs, "big.bin", data, close=False, check=check)
+            node = fs.handle(fh).node
+            assert node.buffer is not None and len(node.buffer.remote) > 20  # freed
+            assert await fs.read(fh, 0, len(data)) == data  # evicted chunks come back
+            await fs.flush(fh)
+            await fs.release(fh)
+            assert await read_file(fs, "big.bin") == data
+            await fs.wait_all_flushed()
+            fs.cache.evict()
+            assert fs.cache.used_bytes <= limit
+
+    run(main)
+    # the dirty limit, plus the chunk being written, plus one chunk per upload thread
+    assert peak <= limit + CHUNK + 2 * CHUNK, peak
+    m = Manifest.from_json(LocalStore(tmp_path / "store").get(file_key("big.bin")))
+    assert m.size == len(data) and len(m.chunks) == 41
+
+    async def fresh_node() -> None:
+        other = tmp_path / "node-b"
+        other.mkdir()
+        os.symlink(tmp_path / "store", other / "store")
+        async with core(other) as fs:
+            assert await read_file(fs, "big.bin") == data
+
+    run(fresh_node)
+
+
+def test_partial_overwrite_of_an_evicted_chunk_while_open(tmp_path: Path) -> None:
+    """A chunk freed from the cache while its file is open is fetched back when a write
+    covers part of it (copy-on-write), and the result is exact."""
+    limit = 4 * CHUNK
+    data = bytearray(os.urandom(24 * CHUNK))
+
+    async def main() -> None:
+        async with core(tmp_path, cache_size=limit) as fs:
+            fh = await write_file(fs, "f.bin", bytes(data), close=False)
+            buf = fs.handle(fh).node.buffer
+            assert buf is not None and 2 in buf.remote  # chunk 2 was freed
+            patch = b"P" * 100
+            await fs.write(fh, 2 * CHUNK + 7, patch)
+            data[2 * CHUNK + 7:2 * CHUNK + 107] = patch
+            assert 2 not in buf.remote
+            await fs.flush(fh)
+            await fs.release(fh)
+            assert await read_file(fs, "f.bin") == bytes(data)
+
+    run(main)
+
+
+# ---------------------------------------------------------------------------- status
+def test_not_durable_while_a_file_is_open_with_data(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with core(tmp_path) as fs:
+            fh = await write_file(fs, "a.bin", b"x" * 1000, close=False)
+            await trio.sleep(0.1)
+            st = fs.statistics()
+            assert st["open_files"] == 1 and st["durable"] is False, st
+            await fs.flush(fh)
+            await fs.release(fh)
+            await fs.wait_all_flushed()
+            assert fs.statistics()["durable"] is True
+
+    run(main)
+
+
+def test_a_failed_publish_at_release_is_one_line_and_shown_until_saved(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """close() reports the failure; release() can tell nobody, so status and the log say
+    it (one line, no traceback) until a later publish succeeds (unmount tries again)."""
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        async with core(tmp_path) as fs:
+            real = fs.uploader.journal.add_chunks
+
+            def disk_full(*args: object) -> list[int]:
+                raise full
+
+            fs.uploader.journal.add_chunks = disk_full  # type: ignore[method-assign]
+            fh = await write_file(fs, "a.bin", b"y" * 5000, close=False)
+            with pytest.raises(sqlite3.OperationalError):
+                await fs.flush(fh)  # what close() returns (ENOSPC at the FUSE edge)
+            await fs.release(fh)
+            st = fs.statistics()
+            want = "could not publish a.bin; its data is not saved: the cache disk is full"
+            assert want in st["errors"] and st["problems"] == [want], st
+            assert not st["durable"]
+            records = [r for r in caplog.records if "could not publish a.bin" in r.message]
+            assert len(records) == 1 and records[0].exc_info is None
+            assert records[0].levelno == logging.ERROR
+            fs.uploader.journal.add_chunks = real  # type: ignore[method-assign]
+            await fs.publish_leftovers()
+            await fs.wait_all_flushed()
+            st = fs.statistics()
+            assert st["problems"] == [] and st["durable"], st
+            assert await read_file(fs, "a.bin") == b"y" * 5000
+
+    run(main)
+
+
+# ---------------------------------------------------------------------------- data loss
+def test_a_chunk_lost_before_upload_is_reported_until_the_file_is_rewritten(
+        tmp_path: Path) -> None:
+    """Staged bytes damaged while the daemon was down: the next mount cannot upload the
+    chunk. It must name the file (through renames) in status and never say durable,
+    across remounts, until the file is rewritten or deleted."""
+    data = os.urandom(3 * CHUNK)
+
+    async def crash_before_upload() -> None:
+        async with core(tmp_path, upload=False) as fs:
+            await fs.mkdir(ROOT, "ckpt", 0o755)
+            ckpt = await fs.lookup(ROOT, "ckpt")
+            fh, _ = await fs.create(ckpt.inode, "model.pt", 0o644, os.O_WRONLY)
+            await fs.write(fh, 0, data)
+            await fs.flush(fh)
+            await fs.release(fh)
+            assert fs.uploader.pending_count() == 3
+
+    run(crash_before_upload)
+    [staging] = os.listdir(tmp_path / "cache" / "staging")
+    with open(tmp_path / "cache" / "staging" / staging, "r+b") as f:
+        f.seek(CHUNK + 5)
+        f.write(b"\xff")  # chunk 1 damaged on the cache disk
+
+    want = "DATA LOST: {}: chunk "
+
+    async def remount() -> None:
+        async with core(tmp_path) as fs:
+            await fs.wait_all_flushed()
+            st = fs.statistics()
+            assert not st["durable"] and len(st["problems"]) == 1, st
+            assert st["problems"][0].startswith(want.format("ckpt/model.pt")), st
+            ckpt = await fs.lookup(ROOT, "ckpt")
+            await fs.rename(ckpt.inode, "model.pt", ckpt.inode, "final.pt")
+            assert fs.statistics()["problems"][0].startswith(want.format("ckpt/final.pt"))
+            await fs.rename(ROOT, "ckpt", ROOT, "step-1")
+            assert fs.statistics()["problems"][0].startswith(want.format("step-1/final.pt"))
+
+    run(remount)
+
+    async def remount_and_rewrite() -> None:
+        async with core(tmp_path) as fs:
+            st = fs.statistics()
+            assert st["problems"][0].startswith(want.format("step-1/final.pt")), st
+            step = await fs.lookup(ROOT, "step-1")
+            node = await fs.lookup(step.inode, "final.pt")
+            fh, _ = await fs.open(node.inode, os.O_WRONLY | os.O_TRUNC)
+            await fs.write(fh, 0, data)
+            await fs.flush(fh)
+            await fs.release(fh)
+            await fs.wait_all_flushed()
+            st = fs.statistics()
+            assert st["problems"] == [] and st["durable"], st
+
+    run(remount_and_rewrite)
+
+
+def test_a_lost_chunk_of_a_deleted_file_is_forgotten(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with core(tmp_path, upload=False) as fs:
+            await write_file(fs, "a.bin", os.urandom(CHUNK))
+        [staging] = os.listdir(tmp_path / "cache" / "staging")
+        os.truncate(tmp_path / "cache" / "staging" / staging, 10)
+        async with core(tmp_path) as fs:
+            assert fs.statistics()["problems"], "the loss is reported"
+            await fs.unlink(ROOT, "a.bin")
+            await fs.wait_all_flushed()
+            assert fs.statistics()["problems"] == [] and fs.durable()
+
+    run(main)
