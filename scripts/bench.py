@@ -18,6 +18,8 @@ recently memory was freed changed one save's time by up to 4x here; without this
 target that runs right after a cache drop wins.
 
     .venv/bin/python scripts/bench.py --gib 1 --runs 3
+    git worktree add /tmp/before HEAD~1   # a change measured before/after, interleaved:
+    .venv/bin/python scripts/bench.py --targets local,ck-dir@/tmp/before,ck-dir
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
-def run(*args: str) -> str:
-    r = subprocess.run([*CKPTFS, *args], capture_output=True, text=True)
+def run(*args: str, tree: str | None = None) -> str:
+    """The ckptfs command line, from the source tree `tree` if given (A/B runs)."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
+    r = subprocess.run([*CKPTFS, *args], capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(f"ckptfs {' '.join(args)} failed: {r.stderr.strip()}")
     return r.stdout
@@ -101,33 +105,34 @@ def bench_local(work: Path, state: dict[str, torch.Tensor], settled: bool) -> di
 
 
 def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: list[str],
-                 stored_bytes: Callable[[], int], settled: bool) -> dict[str, float]:
+                 stored_bytes: Callable[[], int], settled: bool, tree: str | None = None
+                 ) -> dict[str, float]:
     mnt, mnt2 = work / "mnt", work / "mnt2"
     cache, cache2 = work / "cache", work / "cache2"
     for p in (cache, cache2):
         shutil.rmtree(p, ignore_errors=True)
     mnt.mkdir(exist_ok=True)
     mnt2.mkdir(exist_ok=True)
-    run("mount", store, str(mnt), "--cache-dir", str(cache), *extra)
+    run("mount", store, str(mnt), "--cache-dir", str(cache), *extra, tree=tree)
     import json
-    pid = json.loads(run("status", str(mnt), "--json"))["pid"]
+    pid = json.loads(run("status", str(mnt), "--json", tree=tree))["pid"]
     if settled:
         settle()
     t0 = time.perf_counter()
     torch.save(state, mnt / "ckpt.pt")
     save = time.perf_counter() - t0
     rss = peak_rss(pid)
-    run("umount", str(mnt))
+    run("umount", str(mnt), tree=tree)
     durable = time.perf_counter() - t0
     drop_caches()
-    run("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra)
+    run("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra, tree=tree)
     t1 = time.perf_counter()
     torch.load(mnt2 / "ckpt.pt")
     load = time.perf_counter() - t1
-    pid2 = json.loads(run("status", str(mnt2), "--json"))["pid"]
+    pid2 = json.loads(run("status", str(mnt2), "--json", tree=tree))["pid"]
     rss = max(rss, peak_rss(pid2))
     os.unlink(mnt2 / "ckpt.pt")
-    run("umount", str(mnt2))
+    run("umount", str(mnt2), tree=tree)
     stored = stored_bytes()
     for p in (cache, cache2):
         shutil.rmtree(p, ignore_errors=True)
@@ -188,8 +193,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workdir", default=None, help="on the disk to measure (default: /tmp)")
     ap.add_argument("--targets", default="local,ck-dir,ck-s3,raw-s3",
-                    help="comma-separated; a ckptfs target may carry mount options after a "
-                         "colon, e.g. 'ck-s3:--uploads-while-writing=2'")
+                    help="comma-separated; a ckptfs target may name another source tree "
+                         "after '@' (a checkout of an older commit: before/after in one run) "
+                         "and carry mount options after a colon, e.g. "
+                         "'ck-dir@/tmp/before,ck-dir,ck-s3:--uploads-while-writing=2'")
     ap.add_argument("--no-settle", action="store_true",
                     help="time each save in whatever state the previous target left")
     a = ap.parse_args()
@@ -209,6 +216,7 @@ def main() -> int:
         for i in range(a.runs):
             for n, t in enumerate(targets):
                 kind, _, options = t.partition(":")
+                kind, _, tree = kind.partition("@")
                 extra = options.split()
                 if kind == "local":
                     r = bench_local(work, state, settled)
@@ -218,7 +226,7 @@ def main() -> int:
                     shutil.rmtree(dir_store, ignore_errors=True)
                     dir_store.mkdir()
                     r = bench_ckptfs(work, state, str(dir_store), extra,
-                                     lambda: du(dir_store / "chunks"), settled)
+                                     lambda: du(dir_store / "chunks"), settled, tree or None)
                 elif kind == "ck-s3":
                     prefix = f"run{i}-{n}"
 
@@ -229,11 +237,11 @@ def main() -> int:
 
                     r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
                                      ["--endpoint-url", server.endpoint, *extra], s3_bytes,
-                                     settled)
+                                     settled, tree or None)
                 else:
                     r = bench_raw(work, state, client, bucket)
                 results[t].append(r)
-                print(f"run {i + 1} {t:7s} " + " ".join(
+                print(f"run {i + 1} {t:14s} " + " ".join(
                     f"{k}={v:.2f}" for k, v in r.items() if k in ("save", "durable", "load")),
                     flush=True)
     finally:
