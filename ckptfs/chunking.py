@@ -39,3 +39,17 @@ class FixedChunker:
         if length <= 0:
             return range(0)
         return range(offset // self.chunk_size, (offset + length - 1) // self.chunk_size + 1)
+
+    def end_of(self, index: int) -> int:
+        """Where chunk `index` ends in a file that goes on past it."""
+        return (index + 1) * self.chunk_size
+
+    def completed(self, old_end: int, new_end: int) -> range:
+        """Indexes of the chunks that end in (old_end, new_end]: those a sequential write
+        from old_end to new_end has just filled (in a file that goes on)."""
+        return range(self.index(old_end), new_end // self.chunk_size)
+
+    def matches(self, lengths: list[int]) -> bool:
+        """Whether chunks of these lengths, in order, have this chunker's boundaries."""
+        return all(n == self.chunk_size for n in lengths[:-1]) and (
+            not lengths or lengths[-1] <= self.chunk_size)

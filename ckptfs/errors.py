@@ -45,6 +45,14 @@ class MissingChunkError(CkptfsError):
     """A chunk named by a manifest is not in the store (yet) after the bounded wait."""
 
 
+class JournalError(CkptfsError):
+    """The journal (the cache directory's SQLite database) failed; a file call gets EIO."""
+
+
+class JournalFull(JournalError):
+    """The cache disk is full: the journal cannot record a change (ENOSPC)."""
+
+
 class InvalidKeyError(ConfigError):
     """A store key or a path from the store is unsafe (escapes the root, NUL, '..')."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import sqlite3
 import stat
 from collections.abc import Awaitable, Callable, Sequence
 from functools import wraps
@@ -18,7 +17,8 @@ from typing import Any, TypeVar
 import pyfuse3
 
 from . import errors
-from .filesystem import CheckpointFS, Node
+from .filesystem import CheckpointFS
+from .namespace import FileNode, Node
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,11 @@ def fuse_errors(fn: F) -> F:
             raise pyfuse3.FUSEError(to_errno(e)) from None
         except (errors.MissingChunkError, errors.CorruptChunkError) as e:
             raise pyfuse3.FUSEError(errno.EIO) from e
-        except sqlite3.OperationalError as e:  # the journal: almost always a full disk
-            if e.sqlite_errorcode == sqlite3.SQLITE_FULL:
-                log.error("%s: the cache directory is full (journal: %s)", fn.__name__, e)
-                raise pyfuse3.FUSEError(errno.ENOSPC) from None
-            log.error("%s: the journal failed: %s", fn.__name__, e)
+        except errors.JournalFull as e:
+            log.error("%s: the cache directory is full (%s)", fn.__name__, e)
+            raise pyfuse3.FUSEError(errno.ENOSPC) from None
+        except errors.JournalError as e:
+            log.error("%s: %s", fn.__name__, e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except OSError as e:
             if e.errno == errno.ENOSPC:
@@ -99,6 +99,7 @@ class FuseOps(pyfuse3.Operations):
     def __init__(self, fs: CheckpointFS) -> None:
         super().__init__()
         self.fs = fs
+        fs.lister.on_gone = self._invalidate_entry
         # open directories: fh -> (inode, snapshot of the entries being read)
         self._dir_handles: dict[int, tuple[int, list[tuple[str, Node]] | None]] = {}
         self._next_dir_fh = 1
@@ -112,7 +113,7 @@ class FuseOps(pyfuse3.Operations):
         a.st_uid = self.fs.uid
         a.st_gid = self.fs.gid
         a.st_rdev = 0
-        size = node.size if node.buffer is None else node.buffer.size
+        size = node.current_size if isinstance(node, FileNode) else 0
         a.st_size = size
         a.st_blksize = 1 << 20
         a.st_blocks = (size + 511) // 512
@@ -121,6 +122,16 @@ class FuseOps(pyfuse3.Operations):
         a.attr_timeout = ttl
         a.entry_timeout = ttl
         return a
+
+    @staticmethod
+    def _invalidate_entry(parent_inode: int, name: str) -> None:
+        """Drop a name from the kernel's cache: removed on another node, so the old name
+        must give ENOENT at once, not after the entry timeout."""
+        try:
+            pyfuse3.invalidate_entry_async(parent_inode, os.fsencode(name),
+                                           ignore_enoent=True)
+        except Exception as e:  # noqa: BLE001 - only a cache: the entry times out anyway
+            log.debug("cannot invalidate %s in inode %d: %s", name, parent_inode, e)
 
     def _looked_up(self, node: Node) -> pyfuse3.EntryAttributes:
         node.lookups += 1

@@ -14,7 +14,8 @@ Tables written before an operation is acknowledged and cleared when the store ha
 
 All methods block; the filesystem calls them through one thread (a limiter of size 1),
 so a single connection is used. WAL mode with synchronous=FULL: a commit survives a
-crash of the process and of the machine.
+crash of the process and of the machine. This is the only module that imports sqlite3:
+its errors leave as errors.JournalFull (the disk is full) or errors.JournalError.
 """
 
 from __future__ import annotations
@@ -24,8 +25,30 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import wraps
+from typing import ParamSpec, TypeVar
+
+from .errors import JournalError, JournalFull
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _journal_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """sqlite3 errors as the project's JournalFull / JournalError."""
+
+    @wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except sqlite3.Error as e:
+            if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                raise JournalFull(f"the cache disk is full (journal: {e})") from None
+            raise JournalError(f"the journal failed: {e}") from e
+
+    return call
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
@@ -73,6 +96,7 @@ def _lost(db: sqlite3.Connection) -> list[LostFile]:
     return [LostFile(*r) for r in rows]
 
 
+@_journal_errors
 def read_counts(path: str) -> tuple[int, int]:
     """Journal.counts() of a journal not in use (read-only: e.g. after the daemon exited)."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -82,6 +106,7 @@ def read_counts(path: str) -> tuple[int, int]:
         db.close()
 
 
+@_journal_errors
 def read_lost(path: str) -> list[LostFile]:
     """Journal.lost_files() of a journal not in use (read-only)."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -147,6 +172,7 @@ class Op:
 class Journal:
     """One SQLite database; thread-safe through a lock, meant to be used from one thread."""
 
+    @_journal_errors
     def __init__(self, path: str) -> None:
         new = not os.path.exists(path)
         self.path = path
@@ -178,6 +204,7 @@ class Journal:
                 raise
 
     # -- chunks -------------------------------------------------------------------
+    @_journal_errors
     def add_chunks(self, chunks: list[PendingChunk], ops: list[tuple[str, str, str | None,
                    bytes | None]] = (), path: str | None = None  # type: ignore[assignment]
                    ) -> list[int]:
@@ -204,17 +231,20 @@ class Journal:
                 self._lost = _lost(self._db)
         return seqs
 
+    @_journal_errors
     def add_op(self, kind: str, path: str, path2: str | None = None,
                body: bytes | None = None) -> int:
         """Record one metadata op; returns its sequence number."""
         return self.add_chunks([], [(kind, path, path2, body)])[0]
 
+    @_journal_errors
     def remove_chunk(self, chunk_hash: str) -> None:
         """The chunk is in the store."""
         with self._transaction() as cur:
             cur.execute("DELETE FROM chunks WHERE hash = ?", (chunk_hash,))
             cur.execute("DELETE FROM chunk_paths WHERE hash = ?", (chunk_hash,))
 
+    @_journal_errors
     def mark_lost(self, chunk_hash: str, reason: str) -> list[str]:
         """The chunk can never be uploaded: record the files that needed it as lost and
         stop tracking the chunk. Returns those files' paths."""
@@ -232,6 +262,7 @@ class Journal:
         """Files that lost data (see the module docstring); no database read."""
         return self._lost
 
+    @_journal_errors
     def pending_chunks(self) -> list[PendingChunk]:
         with self._lock:
             rows = self._db.execute(
@@ -240,27 +271,32 @@ class Journal:
         return [PendingChunk(*r) for r in rows]
 
     # -- ops ----------------------------------------------------------------------
+    @_journal_errors
     def remove_ops(self, seqs: list[int]) -> None:
         with self._lock:
             self._db.executemany("DELETE FROM ops WHERE seq = ?", [(s,) for s in seqs])
 
+    @_journal_errors
     def pending_ops(self) -> list[Op]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT seq, kind, path, path2, body FROM ops ORDER BY seq").fetchall()
         return [Op(*r) for r in rows]
 
+    @_journal_errors
     def counts(self) -> tuple[int, int]:
         """(pending chunks, pending ops): both zero means everything is in the store."""
         with self._lock:
             return _counts(self._db)
 
     # -- meta ---------------------------------------------------------------------
+    @_journal_errors
     def get_meta(self, key: str) -> str | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
+    @_journal_errors
     def set_meta(self, key: str, value: str) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",

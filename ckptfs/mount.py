@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -180,7 +181,7 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
         started = time.time()
 
         def status() -> dict[str, Any]:
-            st = fs.statistics()
+            st = dataclasses.asdict(fs.statistics())
             st.update(pid=os.getpid(), store=p.store.url, store_arg=cfg.store,
                       endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
                       cache_dir=cfg.cache_dir, version=__version__,

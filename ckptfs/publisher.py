@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import sqlite3
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from .errors import (
     CkptfsError,
     FormatError,
     InvalidKeyError,
+    JournalError,
     NotFoundError,
     StoreError,
     TransientStoreError,
@@ -189,7 +189,7 @@ class Publisher:
                 await trio.to_thread.run_sync(self.journal.remove_ops,
                                               [op.seq for op in batch],
                                               limiter=self.journal_limiter)
-            except sqlite3.Error as e:  # disk full: the ops replay (idempotently) next mount
+            except JournalError as e:  # disk full: the ops replay (idempotently) next mount
                 log.warning("could not update the journal (cache disk full?): %s", e)
             for op in batch:
                 self._queue.popleft()

@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import random
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -32,7 +31,7 @@ import trio
 from . import codec, manifests
 from .cache import LocalCache, StagingFile, pread_scratch
 from .crashpoints import crash_point
-from .errors import StoreError, TransientStoreError
+from .errors import JournalError, StoreError, TransientStoreError
 from .journal import Journal, LostFile, PendingChunk
 from .store.base import Store
 
@@ -445,7 +444,7 @@ class Uploader:
         try:
             paths = await trio.to_thread.run_sync(self.journal.mark_lost, chunk_hash, why,
                                                   limiter=self.journal_limiter)
-        except sqlite3.Error as e:
+        except JournalError as e:
             log.error("chunk %s is lost (%s), and the journal cannot record it: %s",
                       chunk_hash, why, e)
             return
@@ -459,7 +458,7 @@ class Uploader:
         try:
             await trio.to_thread.run_sync(self.journal.remove_chunk, chunk_hash,
                                           limiter=self.journal_limiter)
-        except sqlite3.Error as e:
+        except JournalError as e:
             log.warning("could not update the journal (cache disk full?): %s", e)
 
     async def _notify(self) -> None:

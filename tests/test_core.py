@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import trio
 
 from ckptfs.cache import LocalCache
+from ckptfs.errors import JournalFull
 from ckptfs.fetcher import Fetcher
 from ckptfs.filesystem import CheckpointFS, Options
 from ckptfs.journal import Journal
@@ -166,11 +166,11 @@ def test_not_durable_while_a_file_is_open_with_data(tmp_path: Path) -> None:
             fh = await write_file(fs, "a.bin", b"x" * 1000, close=False)
             await trio.sleep(0.1)
             st = fs.statistics()
-            assert st["open_files"] == 1 and st["durable"] is False, st
+            assert st.open_files == 1 and st.durable is False, st
             await fs.flush(fh)
             await fs.release(fh)
             await fs.wait_all_flushed()
-            assert fs.statistics()["durable"] is True
+            assert fs.statistics().durable is True
 
     run(main)
 
@@ -179,8 +179,7 @@ def test_a_failed_publish_at_release_is_one_line_and_shown_until_saved(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """close() reports the failure; release() can tell nobody, so status and the log say
     it (one line, no traceback) until a later publish succeeds (unmount tries again)."""
-    full = sqlite3.OperationalError("database or disk is full")
-    full.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+    full = JournalFull("the cache disk is full (journal: database or disk is full)")
 
     async def main() -> None:
         async with core(tmp_path) as fs:
@@ -191,13 +190,13 @@ def test_a_failed_publish_at_release_is_one_line_and_shown_until_saved(
 
             fs.uploader.journal.add_chunks = disk_full  # type: ignore[method-assign]
             fh = await write_file(fs, "a.bin", b"y" * 5000, close=False)
-            with pytest.raises(sqlite3.OperationalError):
+            with pytest.raises(JournalFull):
                 await fs.flush(fh)  # what close() returns (ENOSPC at the FUSE edge)
             await fs.release(fh)
             st = fs.statistics()
             want = "could not publish a.bin; its data is not saved: the cache disk is full"
-            assert want in st["errors"] and st["problems"] == [want], st
-            assert not st["durable"]
+            assert want in st.errors and st.problems == [want], st
+            assert not st.durable
             records = [r for r in caplog.records if "could not publish a.bin" in r.message]
             assert len(records) == 1 and records[0].exc_info is None
             assert records[0].levelno == logging.ERROR
@@ -205,7 +204,7 @@ def test_a_failed_publish_at_release_is_one_line_and_shown_until_saved(
             await fs.publish_leftovers()
             await fs.wait_all_flushed()
             st = fs.statistics()
-            assert st["problems"] == [] and st["durable"], st
+            assert st.problems == [] and st.durable, st
             assert await read_file(fs, "a.bin") == b"y" * 5000
 
     run(main)
@@ -241,20 +240,20 @@ def test_a_chunk_lost_before_upload_is_reported_until_the_file_is_rewritten(
         async with core(tmp_path) as fs:
             await fs.wait_all_flushed()
             st = fs.statistics()
-            assert not st["durable"] and len(st["problems"]) == 1, st
-            assert st["problems"][0].startswith(want.format("ckpt/model.pt")), st
+            assert not st.durable and len(st.problems) == 1, st
+            assert st.problems[0].startswith(want.format("ckpt/model.pt")), st
             ckpt = await fs.lookup(ROOT, "ckpt")
             await fs.rename(ckpt.inode, "model.pt", ckpt.inode, "final.pt")
-            assert fs.statistics()["problems"][0].startswith(want.format("ckpt/final.pt"))
+            assert fs.statistics().problems[0].startswith(want.format("ckpt/final.pt"))
             await fs.rename(ROOT, "ckpt", ROOT, "step-1")
-            assert fs.statistics()["problems"][0].startswith(want.format("step-1/final.pt"))
+            assert fs.statistics().problems[0].startswith(want.format("step-1/final.pt"))
 
     run(remount)
 
     async def remount_and_rewrite() -> None:
         async with core(tmp_path) as fs:
             st = fs.statistics()
-            assert st["problems"][0].startswith(want.format("step-1/final.pt")), st
+            assert st.problems[0].startswith(want.format("step-1/final.pt")), st
             step = await fs.lookup(ROOT, "step-1")
             node = await fs.lookup(step.inode, "final.pt")
             fh, _ = await fs.open(node.inode, os.O_WRONLY | os.O_TRUNC)
@@ -263,7 +262,7 @@ def test_a_chunk_lost_before_upload_is_reported_until_the_file_is_rewritten(
             await fs.release(fh)
             await fs.wait_all_flushed()
             st = fs.statistics()
-            assert st["problems"] == [] and st["durable"], st
+            assert st.problems == [] and st.durable, st
 
     run(remount_and_rewrite)
 
@@ -275,9 +274,9 @@ def test_a_lost_chunk_of_a_deleted_file_is_forgotten(tmp_path: Path) -> None:
         [staging] = os.listdir(tmp_path / "cache" / "staging")
         os.truncate(tmp_path / "cache" / "staging" / staging, 10)
         async with core(tmp_path) as fs:
-            assert fs.statistics()["problems"], "the loss is reported"
+            assert fs.statistics().problems, "the loss is reported"
             await fs.unlink(ROOT, "a.bin")
             await fs.wait_all_flushed()
-            assert fs.statistics()["problems"] == [] and fs.durable()
+            assert fs.statistics().problems == [] and fs.durable()
 
     run(main)
