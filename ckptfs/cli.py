@@ -474,6 +474,7 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     from . import inspection
 
     t = open_target(a)
+    inspection.check_is_store(t.store)  # else one line and exit 2, like verify, ls, latest
     r = inspection.fsck(t.store, deep=a.deep)
     if a.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -641,7 +642,8 @@ def add_store_tools(sub: Any) -> None:
         "listed), every chunk a manifest names (missing ones are listed with the file and "
         "the writer node), interrupted directory renames, and count the unreferenced chunks "
         "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
-        "1 problems found, 2 the check could not be done. TARGET is a STORE "
+        "1 problems found, 2 the check could not be done (e.g. TARGET is not a ckptfs "
+        "store: no ckptfs.json and no files/ or chunks/). TARGET is a STORE "
         "(s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs mount.")
     fk.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     fk.add_argument("--json", action="store_true", help="machine-readable output")
