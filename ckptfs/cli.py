@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 import os
-import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, mounts
 from .config import MountConfig, parse_size
-from .errors import CkptfsError
+from .errors import CkptfsError, JournalError
 
 if TYPE_CHECKING:
     from .inspection import FileReport
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckptfs")
 
 CONTROL_XATTR = "user.ckptfs.control"
+#: how the daemon marks a line for the user (mount.Notice) on the pipe to `ckptfs mount`
+NOTICE = "notice: "
 
 
 class CliError(Exception):
@@ -48,7 +50,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
         store=a.store, mountpoint=os.path.abspath(a.mountpoint), cache_dir=a.cache_dir or "",
         cache_size=parse_size(a.cache_size, "--cache-size"),
         endpoint_url=a.endpoint_url or os.environ.get("AWS_ENDPOINT_URL"), region=a.region,
-        chunk_size=parse_size(a.chunk_size, "--chunk-size"),
+        chunk_size=None if a.chunk_size is None else parse_size(a.chunk_size, "--chunk-size"),
         upload_threads=a.upload_threads, fetch_threads=a.fetch_threads,
         uploads_while_writing=a.uploads_while_writing,
         metadata_ttl=a.metadata_ttl, missing_chunk_timeout=a.missing_chunk_timeout,
@@ -68,6 +70,8 @@ def cmd_mount(a: argparse.Namespace) -> int:
         code = 1
         try:
             prepared = mount.prepare(cfg)
+            for notice in prepared.notices:
+                os.write(write_fd, f"{NOTICE}{notice.line()}\n".encode())
             log_path = os.path.join(cfg.cache_dir, "ckptfs.log")
             _detach_stdio(log_path)
             setup_logging(cfg.debug, log_path)
@@ -83,13 +87,14 @@ def cmd_mount(a: argparse.Namespace) -> int:
         finally:
             os._exit(code)
     os.close(write_fd)
-    answer = b""
-    while not answer.endswith(b"\n"):
-        chunk = os.read(read_fd, 4096)
-        if not chunk:
-            break
-        answer += chunk
-    line = answer.decode(errors="replace").strip()
+    line = ""
+    with os.fdopen(read_fd, "rb") as answers:  # notices, then "ok" or the error
+        for raw in answers:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith(NOTICE):
+                break
+            print(f"ckptfs: {line[len(NOTICE):]}", file=sys.stderr)
+            line = ""
     if line != "ok":
         os.waitpid(pid, 0)
         raise CliError(line or "the ckptfs daemon exited before the mount was ready")
@@ -122,8 +127,24 @@ def setup_logging(debug: bool, path: str | None) -> None:
 def control_socket(mountpoint: str) -> str:
     try:
         return os.getxattr(mountpoint, CONTROL_XATTR).decode()
-    except OSError:
+    except OSError as e:
+        if e.errno in mounts.DEAD_ERRNOS:
+            raise CliError(daemon_gone(mountpoint)) from None
         raise CliError(f"not a ckptfs mount: {mountpoint}") from None
+
+
+def daemon_gone(path: str) -> str:
+    """The one-line message for a path whose FUSE daemon is gone (ENOTCONN)."""
+    entry = mounts.entry_at(path)
+    if entry is None:  # a path inside the mount, or another FUSE file system
+        return (f"{path}: transport endpoint is not connected (the FUSE daemon behind it is "
+                f"gone); for a ckptfs mount, run ckptfs umount MOUNTPOINT")
+    mp = entry.mountpoint
+    resume = (f"with --cache-dir {shlex.quote(entry.cache_dir)}" if entry.cache_dir
+              else "with the same --cache-dir")
+    return (f"{mp}: the ckptfs daemon of this mount is gone (killed or crashed); run ckptfs "
+            f"umount {shlex.quote(mp)} to detach it, then mount again {resume} to resume its "
+            f"uploads")
 
 
 def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float | None = 10.0
@@ -260,6 +281,9 @@ def cmd_sync(a: argparse.Namespace) -> int:
 
 def cmd_umount(a: argparse.Namespace) -> int:
     mountpoint = os.path.abspath(a.mountpoint)
+    dead = mounts.dead_mount(mountpoint)
+    if dead is not None:
+        return umount_dead(dead)
     sock = control_socket(mountpoint)
     st = next(request(mountpoint, "status", sock))
     pid, cache_dir = st["pid"], st["cache_dir"]
@@ -295,6 +319,35 @@ def cmd_umount(a: argparse.Namespace) -> int:
     return 0
 
 
+def umount_dead(entry: mounts.MountEntry) -> int:
+    """Detach a ckptfs mount whose daemon is gone; say what its cache still holds."""
+    mp, cache_dir = entry.mountpoint, entry.cache_dir
+    for how in (["-u"], ["-u", "-z"]):  # lazily if a process still uses it
+        r = subprocess.run(["fusermount3", *how, mp], capture_output=True, text=True)
+        if r.returncode == 0:
+            break
+    else:
+        raise CliError(f"cannot detach {mp} (its daemon is gone): "
+                       f"{r.stderr.strip() or r.returncode}")
+    gone = f"detached {mp}: its ckptfs daemon was gone"
+    if cache_dir is None:
+        raise CliError(f"{gone}; mount again with the same --cache-dir to resume the uploads "
+                       f"it had not finished")
+    try:
+        chunks, ops = journal_counts(cache_dir)
+    except (JournalError, OSError) as e:
+        raise CliError(f"{gone}; cannot read the journal in {cache_dir} ({e}); the next mount "
+                       f"with --cache-dir {shlex.quote(cache_dir)} resumes what it holds"
+                       ) from None
+    if chunks or ops:
+        raise CliError(f"{gone}; {chunks} chunks and {ops} metadata ops are not in the store "
+                       f"yet: they stay in {cache_dir}, and the next mount with --cache-dir "
+                       f"{shlex.quote(cache_dir)} resumes the uploads")
+    print(f"{gone}; its journal in {cache_dir} is empty: everything closed before is in the "
+          f"store")
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -326,22 +379,6 @@ def journal_lost(cache_dir: str) -> list[LostFile]:
 # ---------------------------------------------------------------------------- store tools
 #: exit status of verify/ls/latest/fsck when the check itself could not be done
 EXIT_ERROR = 2
-MOUNT_FSTYPE = "fuse.ckptfs"
-
-
-def ckptfs_mounts() -> list[str]:
-    """Mount points of every ckptfs mount on this machine (from /proc/mounts)."""
-    try:
-        with open("/proc/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == MOUNT_FSTYPE:  # '\040' etc. escape blanks
-            found.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1]))
-    return found
 
 
 def mounted_path(arg: str) -> tuple[str, str] | None:
@@ -349,7 +386,8 @@ def mounted_path(arg: str) -> tuple[str, str] | None:
     if "://" in arg:
         return None
     real = os.path.realpath(arg)
-    inside = [m for m in ckptfs_mounts() if real == m or real.startswith(m.rstrip("/") + "/")]
+    inside = [m.mountpoint for m in mounts.ckptfs_mounts()
+              if real == m.mountpoint or real.startswith(m.mountpoint.rstrip("/") + "/")]
     if not inside:
         return None
     mountpoint = max(inside, key=len)
@@ -503,6 +541,7 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     from . import inspection
 
     t = open_target(a)
+    inspection.check_is_store(t.store)  # else one line and exit 2, like verify, ls, latest
     r = inspection.fsck(t.store, deep=a.deep)
     if a.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -559,7 +598,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--endpoint-url", help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL "
                    "or AWS)")
     m.add_argument("--region", help="S3 region (default: the AWS config chain)")
-    m.add_argument("--chunk-size", default="16M", help="chunk size of a NEW store (16M)")
+    m.add_argument("--chunk-size", help="chunk size of a NEW store (default 16M); an "
+                   "existing store keeps its own (a warning says so when they differ)")
     m.add_argument("--upload-threads", type=int, default=8)
     m.add_argument("--uploads-while-writing", type=int, default=None, metavar="N",
                    help="uploads that may run while a save streams in; the rest wait until "
@@ -580,7 +620,9 @@ def parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("umount", help="flush everything to the store, then unmount",
                        description="Wait (with progress) until every closed file is in the "
-                       "store, unmount, and exit 0 only when everything is durable.")
+                       "store, unmount, and exit 0 only when everything is durable. A mount "
+                       "whose daemon is gone (killed, crashed) is detached, and what its cache "
+                       "directory still holds for the next mount is reported.")
     u.add_argument("mountpoint")
     u.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
     u.set_defaults(func=cmd_umount)
@@ -670,7 +712,8 @@ def add_store_tools(sub: Any) -> None:
         "listed), every chunk a manifest names (missing ones are listed with the file and "
         "the writer node), interrupted directory renames, and count the unreferenced chunks "
         "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
-        "1 problems found, 2 the check could not be done. TARGET is a STORE "
+        "1 problems found, 2 the check could not be done (e.g. TARGET is not a ckptfs "
+        "store: no ckptfs.json and no files/ or chunks/). TARGET is a STORE "
         "(s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs mount.")
     fk.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     fk.add_argument("--json", action="store_true", help="machine-readable output")

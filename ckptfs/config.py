@@ -38,7 +38,7 @@ class MountConfig:
     cache_size: int = 16 << 30  # disk: staging + read cache; dirty data above it blocks writers
     endpoint_url: str | None = None
     region: str | None = None
-    chunk_size: int = 16 << 20  # only used when creating a new store
+    chunk_size: int | None = None  # --chunk-size: for a new store (None: 16 MiB)
     upload_threads: int = 8  # memory: ~2 chunks each in flight
     uploads_while_writing: int | None = None  # None: max(2, cores - 2) (uploader.py)
     fetch_threads: int = 8  # memory: ~2 chunks each in flight

@@ -665,8 +665,12 @@ class CheckpointFS:
 
     # ===================================================================== whole mount
     def statfs(self) -> dict[str, int]:
-        return {"bsize": 4096, "blocks": 1 << 40, "bfree": 1 << 40, "files": 1 << 32,
-                "ffree": 1 << 32, "namemax": NAME_MAX}
+        """Sizes of the cache directory's disk, where every write lands first: `df` on the
+        mount shows how much can still be written locally. Inodes are not limited."""
+        disk = os.statvfs(self.cache.root)
+        return {"bsize": disk.f_frsize, "blocks": disk.f_blocks, "bfree": disk.f_bfree,
+                "bavail": disk.f_bavail, "files": 1 << 32, "ffree": 1 << 32,
+                "namemax": NAME_MAX}
 
     def open_buffers(self) -> int:
         """Files with written data not yet published (open, or failed to publish)."""

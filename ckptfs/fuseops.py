@@ -273,7 +273,8 @@ class FuseOps(pyfuse3.Operations):
         d = self.fs.statfs()
         s.f_bsize = s.f_frsize = d["bsize"]
         s.f_blocks = d["blocks"]
-        s.f_bfree = s.f_bavail = d["bfree"]
+        s.f_bfree = d["bfree"]
+        s.f_bavail = d["bavail"]
         s.f_files = d["files"]
         s.f_ffree = s.f_favail = d["ffree"]
         s.f_namemax = d["namemax"]

@@ -209,6 +209,21 @@ def read_info(store: Store) -> StoreInfo:
     return StoreInfo.from_json(blob)
 
 
+def check_is_store(store: Store) -> None:
+    """NoEntry unless `store` is a ckptfs store: it has ckptfs.json or, having lost it,
+    still has a store's layout (files/, chunks/ or intents/), which fsck then checks."""
+    try:
+        read_info(store)
+    except NoEntry:
+        for prefix in (manifests.FILES, manifests.CHUNKS, manifests.INTENTS):
+            listing = store.list(prefix, delimiter="/")
+            if listing.objects or listing.prefixes:
+                return
+        raise
+    except FormatError:
+        return  # a store whose ckptfs.json is unusable: fsck reports it
+
+
 def _related(a: str, b: str) -> bool:
     """Whether path a is b, or one of them contains the other ('' is the root)."""
     return a == b or not a or not b or a.startswith(b + "/") or b.startswith(a + "/")

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -27,13 +28,13 @@ from typing import Any
 import pyfuse3
 import trio
 
-from . import __version__, manifests
+from . import __version__, manifests, mounts
 from .cache import LocalCache
-from .chunking import FixedChunker
+from .chunking import DEFAULT_CHUNK_SIZE, FixedChunker
 from .config import MountConfig, default_cache_dir
 from .control import ControlServer
 from .crashpoints import crash_point
-from .errors import ConfigError, NotFoundError
+from .errors import ConfigError, NotFoundError, StoreError
 from .fetcher import Fetcher
 from .filesystem import CheckpointFS, Options
 from .fuseops import FuseOps
@@ -47,16 +48,80 @@ from .uploader import Uploader
 log = logging.getLogger(__name__)
 
 
-def load_or_create_info(store: Store, chunk_size: int) -> StoreInfo:
-    """Read <prefix>/ckptfs.json (checking the version), or initialise a new store."""
+@dataclass(frozen=True)
+class Notice:
+    """A line for the user at mount time: `ckptfs mount` prints it, the daemon logs it."""
+
+    level: int  # logging.INFO or logging.WARNING
+    text: str
+
+    def line(self) -> str:
+        """The text as printed after `ckptfs: ` on the terminal."""
+        return f"warning: {self.text}" if self.level >= logging.WARNING else self.text
+
+
+def size_text(n: int) -> str:
+    """A chunk size as a user writes it: '16 MiB', '64 KiB', '70000 bytes'."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def read_store_info(store: Store) -> StoreInfo | None:
+    """<prefix>/ckptfs.json (its version checked), or None where there is no store yet."""
     try:
         return StoreInfo.from_json(store.get(manifests.INFO_KEY))
     except NotFoundError:
-        info = StoreInfo(chunk_size=chunk_size)
-        store.put(manifests.INFO_KEY, info.to_json())
-        store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
-        log.info("initialised a new store at %s (chunk size %d)", store.url, chunk_size)
-        return info
+        return None
+
+
+def create_store(store: Store, chunk_size: int) -> StoreInfo:
+    """Initialise a new store: ckptfs.json, then the root directory's marker."""
+    info = StoreInfo(chunk_size=chunk_size)
+    store.put(manifests.INFO_KEY, info.to_json())
+    store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
+    return info
+
+
+def enclosing_store(store: Store) -> tuple[Store, int] | None:
+    """The nearest store that contains `store` (an ancestor directory or key prefix with a
+    ckptfs.json) and how many levels up it is; ancestors that cannot be read are skipped."""
+    outer, levels = store.parent(), 1
+    while outer is not None:
+        try:
+            if outer.head(manifests.INFO_KEY) is not None:
+                return outer, levels
+        except StoreError as e:
+            log.debug("cannot look for a store at %s: %s", outer.url, e)
+        outer, levels = outer.parent(), levels + 1
+    return None
+
+
+def levels_up(arg: str, levels: int) -> tuple[str, str]:
+    """A store argument as the user typed it, `levels` directories or key prefixes up, and
+    the path from there down to it: ('s3://b/run1', 'step-3') for ('s3://b/run1/step-3', 1)."""
+    scheme, sep, rest = arg.partition("://")
+    if sep:
+        rest = rest.rstrip("/")
+    else:
+        rest = os.path.normpath(os.path.expanduser(arg))
+        if len(rest.split("/")) <= levels or ".." in rest.split("/")[-levels:]:
+            rest = os.path.abspath(rest)
+    parts = rest.split("/")
+    up = "/".join(parts[:-levels]) or ("/" if rest.startswith("/") else ".")
+    return f"{scheme}{sep}{up}" if sep else up, "/".join(parts[-levels:])
+
+
+def refuse_store_inside_a_store(store: Store, cfg: MountConfig) -> None:
+    """ConfigError if a new store at `store` would lie inside an existing one (a typo such
+    as s3://bucket/run1/step-3 for the path step-3 of the store s3://bucket/run1)."""
+    found = enclosing_store(store)
+    if found is None:
+        return
+    up, path = levels_up(cfg.store, found[1])
+    raise ConfigError(f"{up} is a ckptfs store; mount it and use the path {path} inside it: "
+                      f"ckptfs mount {shlex.quote(up)} {shlex.quote(cfg.mountpoint)}")
 
 
 def control_socket_path(cache_dir: str) -> str:
@@ -77,12 +142,19 @@ class Prepared:
     journal: Journal
     cache: LocalCache
     lock_fd: int
+    notices: list[Notice]
 
 
 def check_mountpoint(path: str) -> None:
     if not os.path.exists("/dev/fuse"):
         raise ConfigError("/dev/fuse is missing: load the fuse module or run with --device "
                           "/dev/fuse in containers")
+    if mounts.is_dead(path):
+        if mounts.entry_at(path) is not None:
+            raise ConfigError(f"{path} is a ckptfs mount whose daemon is gone; run ckptfs "
+                              f"umount {shlex.quote(path)} first")
+        raise ConfigError(f"{path}: transport endpoint is not connected (a FUSE mount whose "
+                          f"daemon is gone); run fusermount3 -u on its mount point first")
     if not os.path.exists(path):
         raise ConfigError(f"mount point does not exist: {path}")
     if not os.path.isdir(path):
@@ -101,14 +173,25 @@ def prepare(cfg: MountConfig) -> Prepared:
     check = getattr(store, "check", None)
     if check is not None:
         check()
-    try:
-        FixedChunker(cfg.chunk_size)
-    except ValueError as e:
-        raise ConfigError(f"--chunk-size: {e}") from None
-    info = load_or_create_info(store, cfg.chunk_size)
-    if cfg.cache_size < 4 * info.chunk_size:
+    if cfg.chunk_size is not None:
+        try:
+            FixedChunker(cfg.chunk_size)
+        except ValueError as e:
+            raise ConfigError(f"--chunk-size: {e}") from None
+    notices: list[Notice] = []
+    info = read_store_info(store)
+    if info is None:  # a new store: created last, once nothing else can refuse the mount
+        refuse_store_inside_a_store(store, cfg)
+        chunk_size = cfg.chunk_size or DEFAULT_CHUNK_SIZE
+    else:
+        chunk_size = info.chunk_size
+        if cfg.chunk_size is not None and cfg.chunk_size != info.chunk_size:
+            notices.append(Notice(logging.WARNING, (
+                f"--chunk-size {size_text(cfg.chunk_size)} is ignored: the store at "
+                f"{store.url} exists and has chunk size {size_text(info.chunk_size)}")))
+    if cfg.cache_size < 4 * chunk_size:
         raise ConfigError(f"--cache-size must be at least 4 chunks of this store "
-                          f"({4 * info.chunk_size} bytes)")
+                          f"({4 * chunk_size} bytes)")
     cfg.cache_dir = os.path.abspath(cfg.cache_dir or default_cache_dir(store.url))
     os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
     os.chmod(cfg.cache_dir, 0o700)
@@ -117,25 +200,32 @@ def prepare(cfg: MountConfig) -> Prepared:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(lock_fd)
-        raise ConfigError(f"cache directory {cfg.cache_dir} is in use by another ckptfs "
-                          "mount") from None
+        users = mounts.users_of_cache(cfg.cache_dir)
+        by = f"the ckptfs mount on {users[0]}" if users else "another ckptfs mount"
+        raise ConfigError(f"cache directory {cfg.cache_dir} is in use by {by}; give a second "
+                          "mount of the same store its own: --cache-dir DIR") from None
     journal = Journal(os.path.join(cfg.cache_dir, "journal.sqlite"))
     known = journal.get_meta("store")
-    if known is None:
-        journal.set_meta("store", store.url)
-    elif known != store.url:
+    if known is not None and known != store.url:
         raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
                           "use another --cache-dir")
+    if info is None:
+        info = create_store(store, chunk_size)
+        notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
+                                            f"(chunk size {size_text(chunk_size)})"))
+    if known is None:
+        journal.set_meta("store", store.url)
     if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely
         journal.set_meta("cache_id", uuid.uuid4().hex[:8])
     cache = LocalCache(cfg.cache_dir, cfg.cache_size)
     cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})
-    return Prepared(cfg, store, info, journal, cache, lock_fd)
+    return Prepared(cfg, store, info, journal, cache, lock_fd, notices)
 
 
 def fuse_options(cfg: MountConfig) -> set[str]:
     opts = set(pyfuse3.default_options)
-    opts |= {"fsname=ckptfs", "subtype=ckptfs", "default_permissions", "noatime"}
+    opts |= {f"fsname={mounts.fsname(cfg.cache_dir)}", "subtype=ckptfs",
+             "default_permissions", "noatime"}
     if cfg.allow_other:
         opts.add("allow_other")
     return opts
@@ -156,6 +246,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
     """Run the mount until unmounted; returns 0 when everything is durable in the store."""
     cfg = p.cfg
     ops_holder: dict[str, Any] = {}
+    for notice in p.notices:  # printed by `ckptfs mount` before the log was open
+        log.log(notice.level, "%s", notice.text)
 
     async def main() -> int:
         journal_limiter = trio.CapacityLimiter(1)

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Installs everything ckptfs needs on a Debian machine (idempotent): FUSE 3, a virtualenv
-# in .venv with ckptfs and its test dependencies. Safe to re-run.
+# in .venv with ckptfs and its test dependencies, getfattr (package attr). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null; then
+if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null \
+        || ! command -v getfattr >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config attr >/dev/null
     else
         sudo apt-get update -qq
-        sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config >/dev/null
+        sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config attr >/dev/null
     fi
 fi
 PY=${PYTHON:-python3.11}

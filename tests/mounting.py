@@ -71,10 +71,15 @@ class Mount:
 
     def kill(self, sig: int = 9) -> None:
         """Kill the daemon (a crash); the kernel mount is cleaned up lazily."""
+        self.kill_daemon(sig)
+        lazy_unmount(self.path)
+
+    def kill_daemon(self, sig: int = 9) -> None:
+        """Kill the daemon and leave its mount in place: a dead mount (ENOTCONN), as a crash
+        leaves it for the user. cleanup() still detaches it."""
         assert self.pid is not None
         os.kill(self.pid, sig)
         self.wait_exit()
-        lazy_unmount(self.path)
 
     def cleanup(self) -> None:
         lazy_unmount(self.path)

@@ -18,7 +18,7 @@ from ckptfs.fetcher import Fetcher
 from ckptfs.filesystem import CheckpointFS, Options
 from ckptfs.journal import Journal
 from ckptfs.manifests import Manifest, file_key
-from ckptfs.mount import load_or_create_info
+from ckptfs.mount import create_store, read_store_info
 from ckptfs.publisher import Publisher
 from ckptfs.store.base import AsyncStore
 from ckptfs.store.local import LocalStore
@@ -37,7 +37,7 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
     store's chunks (the upload workers are not started)."""
     (root / "store").mkdir(parents=True, exist_ok=True)
     store = LocalStore(root / "store")
-    info = load_or_create_info(store, CHUNK)
+    info = read_store_info(store) or create_store(store, CHUNK)
     journal = Journal(str(root / "journal.sqlite"))
     cache = LocalCache(str(root / "cache"), cache_size)
     cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})

@@ -241,6 +241,25 @@ def test_fsck_without_store_info(local_store: LocalStore) -> None:
     assert not report.clean and "no ckptfs.json" in (report.info_error or "")
 
 
+def test_fsck_of_what_is_not_a_store_is_one_line_with_exit_2(
+        tmp_path: Path, s3_store: S3Store) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("not a store")
+    for args in ([str(plain)], [str(plain), "--json"],
+                 [s3_url(s3_store), "--endpoint-url", s3_store.endpoint]):
+        r = run_cli("fsck", *args, check=False, timeout=60)
+        assert r.returncode == 2 and r.stdout == "", (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("ckptfs: ") and r.stderr.count("\n") == 1, r.stderr
+        assert "not a ckptfs store" in r.stderr, r.stderr
+    # a store that lost only its ckptfs.json is still checked, and that is a problem found
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    put_file(LocalStore(damaged), "a", b"x")
+    r = run_cli("fsck", str(damaged), check=False, timeout=60)
+    assert r.returncode == 1 and "no ckptfs.json" in r.stdout, r.stdout + r.stderr
+
+
 def test_errors_are_one_line_with_exit_2(tmp_path: Path, seaweed: SeaweedServer) -> None:
     cases = [
         ("verify", str(tmp_path / "nowhere")),

@@ -3,6 +3,7 @@ status, journal resume after a crash during a store outage, and one-line errors.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -161,3 +162,122 @@ def test_second_mount_on_the_same_cache_dir_is_refused(
     r = run_cli("status", str(tmp_path), check=False)
     assert r.returncode == 1 and "not a ckptfs mount" in r.stderr
     assert json.loads(run_cli("status", str(a.path), "--json").stdout)["pid"] == a.pid
+
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    """The single `ckptfs: ...` line a command printed on stderr."""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptfs: "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def test_dead_mount_is_named_and_umount_detaches_it(
+        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+    # a file named `chunks` in the store: every chunk PUT fails (and is retried), while
+    # manifests still publish, so the journal keeps the chunks when the daemon dies
+    blocker = Path(store) / "chunks"
+    blocker.write_text("not a directory")
+    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M")
+    files = write_files(a, n=1, size=3 * 2**20)
+    assert a.status()["pending_chunks"] == 3
+    a.kill_daemon(9)
+    assert is_mounted(a.path)
+    with pytest.raises(OSError) as e:
+        os.listdir(a.path)
+    assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+
+    r = run_cli("status", str(a.path), check=False)
+    line = one_line(r)
+    assert r.returncode == 1
+    assert "daemon" in line and "gone" in line and f"ckptfs umount {a.path}" in line, line
+    r = run_cli("mount", store, str(a.path), "--cache-dir", str(a.cache), check=False,
+                timeout=60)
+    line = one_line(r)
+    assert r.returncode == 1 and f"run ckptfs umount {a.path} first" in line, line
+    assert is_mounted(a.path)
+
+    r = run_cli("umount", str(a.path), check=False)
+    line = one_line(r)
+    assert not is_mounted(a.path)
+    assert r.returncode == 1  # unmounted, but not everything is in the store
+    assert str(a.cache) in line and "3 chunks" in line and "resume" in line, line
+    r = run_cli("status", str(a.path), check=False)
+    assert r.returncode == 1 and "not a ckptfs mount" in one_line(r)
+
+    blocker.unlink()
+    a.mount("--chunk-size", "1M")  # the same cache: the journal is replayed
+    assert a.umount().returncode == 0
+    b = node(nodes, store, tmp_path, "b")
+    assert_files(b, files)
+
+
+def test_second_mount_with_the_default_cache_is_told_about_cache_dir(
+        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    first, second = Mount(store, tmp_path, "first"), Mount(store, tmp_path, "second")
+    nodes += [first, second]
+    run_cli("mount", store, str(first.path), env=env, timeout=60)
+    first.pid = int(first.status()["pid"])
+    r = run_cli("mount", store, str(second.path), env=env, check=False, timeout=60)
+    line = one_line(r)
+    assert r.returncode == 1 and not is_mounted(second.path)
+    assert "in use" in line and "--cache-dir" in line and str(first.path) in line, line
+    second.mount()  # with its own --cache-dir
+    assert first.umount().returncode == 0 and second.umount().returncode == 0
+
+
+def mount_cli(m: Mount, *more: str) -> subprocess.CompletedProcess[str]:
+    """`ckptfs mount` of `m` with its cache and options; the completed process (exit 0)."""
+    r = run_cli("mount", m.store, str(m.path), "--cache-dir", str(m.cache), *m.extra, *more,
+                timeout=60)
+    m.pid = int(m.status()["pid"])
+    return r
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_new_store_is_announced_and_never_made_inside_another(
+        kind: str, tmp_path: Path, nodes: list[Mount], request: pytest.FixtureRequest) -> None:
+    if kind == "local":
+        url, extra = str(tmp_path / "store"), []
+        inner, deeper = f"{url}/step-3", f"{url}/run/step-4"
+        for d in (inner, deeper):
+            os.makedirs(d)  # a directory store must exist
+    else:
+        seaweed: SeaweedServer = request.getfixturevalue("seaweed")
+        bucket = seaweed.new_bucket()
+        url, extra = f"s3://{bucket}/run1", ["--endpoint-url", seaweed.endpoint]
+        inner, deeper = f"{url}/step-3", f"{url}/run/step-4"
+    a = Mount(url, tmp_path, "a", extra=extra)
+    nodes.append(a)
+    line = one_line(mount_cli(a, "--chunk-size", "1M"))
+    assert "initialised a new ckptfs store at " in line and line.endswith("(chunk size 1 MiB)")
+    a.umount()
+    line = one_line(mount_cli(a, "--chunk-size", "4M"))  # ignored: the store has 1 MiB
+    assert "--chunk-size 4 MiB is ignored" in line and "chunk size 1 MiB" in line, line
+    a.umount()
+    assert mount_cli(a).stderr == ""  # an existing store, no --chunk-size: nothing to say
+    a.umount()
+    assert mount_cli(a, "--chunk-size", "1M").stderr == ""
+    a.umount()
+    log = (a.cache / "ckptfs.log").read_text()
+    assert "initialised a new ckptfs store at " in log and "--chunk-size 4 MiB is ignored" in log
+
+    for name, store, path in (("b", inner, "step-3"), ("c", deeper, "run/step-4")):
+        m = Mount(store, tmp_path, name, extra=extra)
+        nodes.append(m)
+        r = run_cli("mount", store, str(m.path), "--cache-dir", str(m.cache), *extra,
+                    check=False, timeout=60)
+        line = one_line(r)
+        assert r.returncode == 1 and not is_mounted(m.path)
+        assert (f"{url} is a ckptfs store; mount it and use the path {path} inside it: "
+                f"ckptfs mount {url} {m.path}") in line, line
+    if kind == "local":  # nothing was written in the enclosing store
+        assert os.listdir(inner) == [] and os.listdir(deeper) == []
+    else:
+        from ckptfs.store.s3 import S3Store
+
+        s3 = S3Store(bucket, "run1", endpoint_url=extra[1])
+        keys = [k for k, _ in s3.list("", delimiter=None).objects]
+        s3.close()
+        assert keys and not [k for k in keys if k.startswith(("step-3/", "run/"))], keys

@@ -941,6 +941,12 @@ def test_statfs(mnt: Mount) -> None:
     assert s.f_bavail > 0 and s.f_bfree > 0 and s.f_blocks > 0
     assert s.f_bsize > 0 and s.f_namemax == 240  # what every store can hold with suffixes
     assert s.f_favail > 0
+    # sizes are those of the cache directory's disk: what can still be written locally
+    c = os.statvfs(mnt.cache)
+    assert s.f_blocks * s.f_frsize == c.f_blocks * c.f_frsize
+    for field in ("f_bfree", "f_bavail"):  # other processes write to that disk meanwhile
+        got, want = getattr(s, field) * s.f_frsize, getattr(c, field) * c.f_frsize
+        assert abs(got - want) < 256 * MiB, (field, got, want)
     ok = "n" * 240
     (mnt / ok).write_bytes(b"x")
     with pytest.raises(OSError) as e:

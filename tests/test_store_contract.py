@@ -254,6 +254,30 @@ def test_concurrent_puts_and_deletes(store: Store) -> None:
     assert store.get("conc/shared") in {value(t, 11) for t in range(16)}  # some thread's last
 
 
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_parent_is_one_level_up(kind: str, request: pytest.FixtureRequest) -> None:
+    """parent(): the directory or key prefix one level up, up to the top (None there)."""
+    outer: Store = request.getfixturevalue("s3_store" if kind == "s3" else "local_store")
+    outer.put("ckptfs.json", b"{}")
+    if isinstance(outer, S3Store):
+        inner: Store = S3Store(outer.bucket, outer.prefix + "run/step-3",
+                               endpoint_url=outer.endpoint)
+        levels_above = 1  # outer's prefix is one segment: then the bucket's root
+    else:
+        assert isinstance(outer, LocalStore)
+        inner = LocalStore(outer.root / "run" / "step-3")
+        levels_above = len(outer.root.parts) - 1  # its parent directories up to /
+    up = inner.parent()
+    assert up is not None and up.head("ckptfs.json") is None
+    up = up.parent()
+    assert up is not None and up.head("ckptfs.json") == 2 and up.url == outer.url
+    for _ in range(levels_above):
+        up = up.parent()
+        assert up is not None
+    assert up.parent() is None
+    inner.close()  # the parents share its connections
+
+
 # -- LocalStore
 
 

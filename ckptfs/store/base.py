@@ -97,6 +97,12 @@ class Store(abc.ABC):
         """Copy one object (server-side where the store can)."""
         self.put(dst, self.get(src))
 
+    def parent(self) -> Store | None:
+        """The store one level up (the parent directory; the key prefix without its last
+        segment), sharing this store's connections: close only this one. None at the top,
+        and for stores without such a place."""
+        return None
+
     def close(self) -> None:
         """Release connections; the store is unusable afterwards."""
 

@@ -67,6 +67,10 @@ class LocalStore(Store):
         self.fsync = fsync
         self.url = f"file://{self.root}"
 
+    def parent(self) -> LocalStore | None:
+        up = self.root.parent
+        return None if up == self.root else LocalStore(up, self.fsync)
+
     # -- key <-> path
 
     def _path(self, key: str) -> Path:

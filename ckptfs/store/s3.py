@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -114,7 +115,21 @@ class S3Store(Store):
         session = boto3.session.Session(region_name=region)
         self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
         self.endpoint: str = self._client.meta.endpoint_url
-        self.url = f"s3://{bucket}/{self.prefix}" + (f" at {endpoint_url}" if endpoint_url else "")
+        self._endpoint_arg = endpoint_url
+        self.url = self._url()
+
+    def _url(self) -> str:
+        at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
+        return f"s3://{self.bucket}/{self.prefix}{at}"
+
+    def parent(self) -> S3Store | None:
+        if not self.prefix:
+            return None
+        up = copy.copy(self)  # the same client
+        up.prefix = self.prefix[:-1].rpartition("/")[0]
+        up.prefix += "/" if up.prefix else ""
+        up.url = up._url()
+        return up
 
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
