@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -38,9 +37,9 @@ from .errors import (
     JournalError,
     NotFoundError,
     StoreError,
-    TransientStoreError,
 )
 from .journal import Journal, Op
+from .retry import BACKGROUND, STORE_CALL, retrying
 from .store.base import Store
 
 log = logging.getLogger(__name__)
@@ -50,33 +49,17 @@ RENAME_THREADS = 16
 
 
 class RetryingStore:
-    """A store whose every call is retried over transient errors, in the calling thread.
-
-    A directory rename is hundreds of calls; retrying the whole op because one of them
-    was throttled would rarely finish on a busy store.
+    """A store whose every call is retried over transient errors, in the calling thread
+    (retry.STORE_CALL). A directory rename is hundreds of calls; retrying the whole op
+    because one of them was throttled would rarely finish on a busy store.
     """
 
-    def __init__(self, store: Store, attempts: int = 6) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self.attempts = attempts
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self.store, name)
-        if not callable(fn):
-            return fn
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            delay = 0.05
-            for _ in range(self.attempts - 1):
-                try:
-                    return fn(*args, **kwargs)
-                except TransientStoreError as e:
-                    log.warning("metadata %s failed (retrying): %s", name, e)
-                    time.sleep(delay * random.uniform(0.5, 1.5))
-                    delay = min(delay * 2, 2.0)
-            return fn(*args, **kwargs)
-
-        return call
+        return retrying(fn, STORE_CALL) if callable(fn) else fn
 
 
 class Publisher:
@@ -155,7 +138,7 @@ class Publisher:
             await trio.to_thread.run_sync(self.roll_forward_intents, limiter=self.limiter)
         except StoreError as e:
             log.warning("could not check for interrupted directory renames: %s", e)
-        delay = 0.2
+        delays = BACKGROUND.delays()
         while True:
             async with self._changed:
                 while not self._queue:
@@ -176,14 +159,13 @@ class Publisher:
                             batch[0].path, e)
                 async with self._changed:
                     self._changed.notify_all()
-                await trio.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 30.0)
+                await trio.sleep(next(delays))
                 continue
             except (CkptfsError, UnicodeError) as e:  # this op can never succeed: drop it
                 self.last_error = f"dropped {batch[0].kind} {batch[0].path!r}: {e}"
                 log.error("metadata op %s %r can never be applied, dropped: %s",
                           batch[0].kind, batch[0].path, e)
-            delay = 0.2
+            delays = BACKGROUND.delays()
             crash_point("op_applied")
             try:
                 await trio.to_thread.run_sync(self.journal.remove_ops,

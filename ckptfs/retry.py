@@ -66,8 +66,8 @@ def retrying(fn: Callable[..., T], policy: Backoff = STORE_CALL) -> Callable[...
             except StoreError as e:
                 if e.permanent:
                     raise
-                log.warning("%s failed (retrying): %s", getattr(fn, "__name__", "store call"),
-                            e)
+                log.warning("metadata %s failed (retrying): %s",
+                            getattr(fn, "__name__", "call"), e)
                 time.sleep(delay)
         return fn(*args, **kwargs)
 

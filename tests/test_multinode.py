@@ -239,3 +239,37 @@ def test_chunks_of_a_lost_writer_give_eio_after_the_bound_and_latest_skips_it(
     assert r.returncode == 1 and lost in r.stdout + r.stderr
     r = run_cli("latest", url, "", "--pattern", "step-*", *extra)
     assert r.stdout.strip().endswith("step-1")
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_directory_renamed_elsewhere_is_gone_under_its_old_name(
+        kind: str, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """Node B knows `step_9.tmp` (looked up, cached by its kernel); node A renames it to
+    `step_9`. As soon as B's listing shows the rename, the old name and every path under
+    it give ENOENT on B: no stale entry in ckptfs or in B's kernel."""
+    if kind == "local":
+        store, extra = str(tmp_path / "store"), []
+        (tmp_path / "store").mkdir()
+    else:
+        store = f"s3://{seaweed.new_bucket()}/job"
+        extra = ["--endpoint-url", seaweed.endpoint]
+    a, b = (Mount(store, tmp_path, name, extra=extra) for name in ("a", "b"))
+    nodes.extend([a, b])
+    a.mount()
+    b.mount()
+    (a / "step_9.tmp").mkdir()
+    (a / "step_9.tmp" / "w.pt").write_bytes(b"weights")
+    eventually(lambda: (b / "step_9.tmp" / "w.pt").read_bytes() == b"weights")
+    os.rename(a / "step_9.tmp", a / "step_9")
+    deadline = time.monotonic() + 10
+    while True:  # each listing (READDIRPLUS) renews B's kernel entries of what it shows
+        assert time.monotonic() < deadline, "B never saw the rename"
+        listed = os.listdir(b.path)
+        if "step_9" in listed:
+            break
+        time.sleep(0.02)
+    assert listed == ["step_9"], listed
+    for old in (b / "step_9.tmp", b / "step_9.tmp" / "w.pt"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(old)
+    assert (b / "step_9" / "w.pt").read_bytes() == b"weights"
