@@ -852,6 +852,49 @@ def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
         seaweed.drop_bucket(bucket)
 
 
+def test_damaged_read_cache_is_fetched_again_after_a_remount(
+        seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """Chunks in a node's read cache are damaged while it is unmounted (a flipped byte,
+    a file cut short), raw and lz4-stored chunks alike: mounted again on the same cache
+    directory, the node reads the file exactly, fetching only the damaged chunks again."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    extra = ["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M"]
+    a = new_node(nodes, url, tmp_path, "a", *extra)
+    raw, lz4 = os.urandom(MiB), b"layer.0.weight " * (MiB // 15)
+    lz4 += b"." * (MiB - len(lz4))
+    # chunks: raw (flipped), raw (cut), lz4 (flipped), lz4 (cut), raw and lz4 (intact)
+    blocks = [raw[:-1] + bytes([i]) if i in (0, 1, 4) else lz4[:-1] + bytes([i])
+              for i in range(6)]
+    data = b"".join(blocks) + b"tail"
+    (a / "model.bin").write_bytes(data)
+    a.umount()
+    b = new_node(nodes, url, tmp_path, "b", *extra)
+    assert (b / "model.bin").read_bytes() == data  # fills b's read cache
+    b.umount()
+    from ckptfs.codec import chunk_hash
+
+    hashes = [chunk_hash(c) for c in blocks]
+    bucket, prefix = url[5:].split("/")
+    sizes = [seaweed.s3.head_object(Bucket=bucket, Key=f"{prefix}/chunks/{h[:2]}/{h}")
+             ["ContentLength"] for h in hashes]
+    assert [n == MiB + 16 for n in sizes] == [True, True, False, False, True, False], sizes
+    cached = {i: b.cache / "chunks" / h[:2] / h for i, h in enumerate(hashes)}
+    assert all(p.exists() for p in cached.values())
+    for i in (0, 2):  # a flipped bit
+        blob = bytearray(cached[i].read_bytes())
+        blob[12345] ^= 0x10
+        cached[i].write_bytes(bytes(blob))
+    for i in (1, 3):  # cut short
+        cached[i].write_bytes(cached[i].read_bytes()[:MiB // 2])
+    b.mount()
+    assert (b / "model.bin").read_bytes() == data
+    st = status(b)
+    assert st["fetched_bytes"] == 4 * MiB, st  # the damaged ones, and only those
+    b.umount()
+    log = (b.cache / "ckptfs.log").read_text()
+    assert log.count("is damaged") == 4, log
+
+
 # ---------------------------------------------------------------------------- 7. security
 NOBODY = 65534
 

@@ -1114,13 +1114,17 @@ def test_cache_scan_at_startup(tmp_path: Path) -> None:
     (root / "staging").mkdir(parents=True)
     for name in ("1", "2", "7", "junk"):
         (root / "staging" / name).write_bytes(b"z" * 10 * int(name if name.isdigit() else 1))
-    h_old, h_new = "ab" + "0" * 30, "ab" + "1" * 30
-    (root / "chunks" / "ab").mkdir(parents=True)
-    (root / "chunks" / "ab" / h_old).write_bytes(b"o" * 300)
-    (root / "chunks" / "ab" / h_new).write_bytes(b"n" * 300)
-    (root / "chunks" / "ab" / (h_new + ".tmp12345")).write_bytes(b"partial")
-    os.utime(root / "chunks" / "ab" / h_old, ns=(1_000_000_000, 1_000_000_000))
-    os.utime(root / "chunks" / "ab" / h_new, ns=(2_000_000_000, 2_000_000_000))
+    h_old, h_new, h_bad = (codec.chunk_hash(c * 300) for c in (b"o", b"n", b"b"))
+    for h, data in ((h_old, b"o" * 300), (h_new, b"n" * 300), (h_bad, b"b" * 299 + b"B")):
+        (root / "chunks" / h[:2]).mkdir(parents=True, exist_ok=True)
+        (root / "chunks" / h[:2] / h).write_bytes(data)
+    (root / "chunks" / h_new[:2] / (h_new + ".tmp12345")).write_bytes(b"partial")
+    os.utime(root / "chunks" / h_old[:2] / h_old, ns=(1_000_000_000, 1_000_000_000))
+    os.utime(root / "chunks" / h_new[:2] / h_new, ns=(2_000_000_000, 2_000_000_000))
+    os.utime(root / "chunks" / h_bad[:2] / h_bad, ns=(3_000_000_000, 3_000_000_000))
+
+    def cached_files() -> list[str]:
+        return sorted(p.name for p in (root / "chunks").rglob("*") if p.is_file())
 
     cache = LocalCache(str(root), limit_bytes=1 << 20)
     cache.scan(keep_staging={2, 9})
@@ -1129,16 +1133,78 @@ def test_cache_scan_at_startup(tmp_path: Path) -> None:
         assert list(cache.staging) == [2]
         st = cache.staging[2]
         assert st.sealed and st.extent == 20 and os.pread(st.fd, 20, 0) == b"z" * 20
-        assert sorted(os.listdir(root / "chunks" / "ab")) == [h_old, h_new]
-        assert cache.has(h_old) and cache.has(h_new)
-        assert cache.cached_bytes == 600
+        assert cached_files() == sorted([h_old, h_new, h_bad])
+        assert cache.cached_bytes == 900
         assert cache.new_staging().id == 8  # never reuses the id of a file seen on disk
-        # the least recently accessed (by atime) read-cache file is evicted first
-        cache.limit_bytes = cache.used_bytes - 1
-        cache.evict()
-        assert not cache.has(h_old) and cache.has(h_new)
+        # nothing found on disk is served before it is re-hashed in this mount
+        for h in (h_old, h_new, h_bad):
+            assert cache.unverified(h) and not cache.has(h) and cache.locate(h) is None
+        assert cache.verify_cached(h_new)
+        assert not cache.unverified(h_new) and cache.has(h_new)
         fd, off = cache.locate(h_new)  # type: ignore[misc]
         assert os.pread(fd, 300, off) == b"n" * 300
+        # a file whose bytes do not match its name is removed, never served
+        assert not cache.verify_cached(h_bad)
+        assert not cache.unverified(h_bad) and not cache.has(h_bad)
+        assert cache.locate(h_bad) is None and cached_files() == sorted([h_old, h_new])
+        assert cache.cached_bytes == 600
+        # the least recently accessed (by atime) read-cache file is evicted first,
+        # verified or not
+        cache.limit_bytes = cache.used_bytes - 1
+        cache.evict()
+        assert not cache.unverified(h_old) and cached_files() == [h_new]
+        assert cache.has(h_new)
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "none"])
+@pytest.mark.parametrize("kind", ["raw", "lz4"])
+def test_fetcher_verifies_the_read_cache_of_an_earlier_mount(
+        store: RecordingStore, tmp_path: Path, kind: str, damage: str) -> None:
+    """A chunk cached by an earlier mount and damaged on the cache disk since (a flipped
+    byte, a file cut short by a crash) is re-hashed before it is served, dropped, and
+    fetched again: the read gets the right bytes. An intact one costs no GET."""
+    data = os.urandom(64 * KiB) if kind == "raw" else b"layer.0.weight " * 4 * KiB
+    h = put_chunk(store, data)
+    stored, codec_id = codec.encode_chunk(data)
+    assert codec.CODEC_NAMES[codec_id] == kind
+    root = str(tmp_path / "c")
+    first = LocalCache(root, limit_bytes=1 << 30)
+    run(lambda: with_fetcher(store, first, lambda f: read_chunk(f, h, len(data))))  # type: ignore[arg-type, return-value]
+    first.close()
+    path = Path(root, "chunks", h[:2], h)
+    assert path.read_bytes() == data
+    if damage == "flip":
+        blob = bytearray(data)
+        blob[len(blob) // 3] ^= 0x04
+        path.write_bytes(bytes(blob))
+    elif damage == "truncate":
+        path.write_bytes(data[:len(data) // 2])
+    gets = store.counts["get"]
+    cache = LocalCache(root, limit_bytes=1 << 30)  # the next mount, same cache directory
+    cache.scan(keep_staging=set())
+    got: list[bytes] = []
+    stats: list[object] = []
+
+    async def body(f: Fetcher) -> None:
+        async def reader() -> None:
+            got.append(await read_chunk(f, h, len(data) + 1))
+
+        async with trio.open_nursery() as n:  # two readers at once: one check, one GET
+            n.start_soon(reader)
+            n.start_soon(reader)
+        await reader()
+        stats.append(f.statistics())
+
+    try:
+        run(lambda: with_fetcher(store, cache, body))
+        assert got == [data] * 3
+        assert store.counts["get"] - gets == (0 if damage == "none" else 1)
+        s = stats[0]
+        assert (s.verified_chunks, s.damaged_chunks) == (  # type: ignore[attr-defined]
+            (1, 0) if damage == "none" else (0, 1))
+        assert path.read_bytes() == data
     finally:
         cache.close()
 
