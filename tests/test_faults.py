@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mounting import Mount, is_mounted, run_cli
+from mounting import CKPTFS, Mount, is_mounted, run_cli
 from seaweed import SeaweedServer
 
 MiB = 2**20
@@ -405,6 +405,93 @@ def test_hanging_chunk_requests_are_waited_for(proxy: FaultProxy, seaweed: Seawe
     proxy.release()
     reader.join(60)
     assert got == [data]
+    b.umount()
+
+
+def chunk_objects(seaweed: SeaweedServer, bucket: str, prefix: str) -> set[str]:
+    """The chunk names under s3://bucket/prefix, asked of the server directly."""
+    pages = seaweed.s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/chunks/")
+    return {o["Key"].rsplit("/", 1)[-1] for p in pages for o in p.get("Contents", [])}
+
+
+def test_fsync_to_store_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: SeaweedServer,
+                                                  tmp_path: Path, nodes: list[Mount]) -> None:
+    """With --fsync-to-store, fsync returns only once the file's chunks are in the store:
+    while the server holds every chunk PUT, fsync waits; once the PUTs go through, it
+    returns and each chunk of the file is in the store."""
+    bucket = seaweed.new_bucket()
+    url = f"s3://{bucket}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M", "--fsync-to-store")
+    proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
+    data = os.urandom(3 * MiB + 100)
+    fd = os.open(a / "f.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        outcome: list[object] = []
+
+        def do_fsync() -> None:
+            try:
+                outcome.append(os.fsync(fd))
+            except OSError as e:
+                outcome.append(e)
+
+        syncer = threading.Thread(target=do_fsync, daemon=True)
+        syncer.start()
+        wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is held")
+        time.sleep(2)
+        assert syncer.is_alive() and not outcome, outcome  # still waiting for the PUTs
+        assert chunk_objects(seaweed, bucket, "job") == set()
+        proxy.release()
+        syncer.join(60)
+        assert not syncer.is_alive() and outcome == [None], outcome
+        # durable when fsync returned: every chunk of the file is in the store
+        manifest = json.loads(seaweed.s3.get_object(
+            Bucket=bucket, Key="job/files/f.bin")["Body"].read())
+        assert {h for h, _ in manifest["chunks"]} <= chunk_objects(seaweed, bucket, "job")
+        assert len(manifest["chunks"]) == 4
+        r = run_cli("verify", url, "f.bin", "--endpoint-url", seaweed.endpoint)
+        assert "f.bin" in r.stdout, r.stdout
+    finally:
+        os.close(fd)
+    a.umount()
+
+
+def test_umount_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: SeaweedServer,
+                                          tmp_path: Path, nodes: list[Mount]) -> None:
+    """`ckptfs umount` does not return (nor unmount) while chunk PUTs of a closed file
+    are held by the server; once they go through it exits 0, and a new node with an
+    empty cache reads the file exactly."""
+    import subprocess
+
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M")
+    proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
+    data = os.urandom(4 * MiB + 7)
+    (a / "f.bin").write_bytes(data)  # closed: its manifest is in the store, chunks held
+    wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is held")
+    umount = subprocess.Popen([*CKPTFS, "umount", str(a.path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        assert umount.poll() is None, umount.communicate()
+        assert is_mounted(a.path) and status(a)["pending_chunks"] > 0
+        proxy.release()
+        out, err = umount.communicate(timeout=120)
+    finally:
+        if umount.poll() is None:
+            umount.kill()
+            umount.wait()
+    assert umount.returncode == 0, err
+    assert "everything is in the store" in out, out
+    assert not is_mounted(a.path)
+    a.wait_exit()
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    assert (b / "f.bin").read_bytes() == data
     b.umount()
 
 
