@@ -9,6 +9,8 @@ Layout (docs/ARCHITECTURE.md):
 Every chunk this node can read without the network is in `locate()`'s index: a region
 of a staging file, a read-cache file, or, for a raw chunk of a local-directory store, a
 region of the store's own object file, read in place once verified (`put_in_place`).
+Read-cache files found at startup are served only once re-hashed (`verify_cached`): a
+bit flipped on the cache disk, or a file cut short by a crash, must never be read.
 Clean data (uploaded staging files, fetched chunks) is evicted least-recently-used first
 when the cache is over its size limit; dirty data is never evicted (writers wait
 instead, see filesystem.py).
@@ -24,9 +26,13 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from . import codec
+from .chunking import MAX_CHUNK_SIZE
+
 log = logging.getLogger(__name__)
 
 _scratch = threading.local()
+VERIFY_BLOCK = 4 << 20  # verify_cached hashes a file in reads of this size
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -98,6 +104,8 @@ class LocalCache:
         self._in_staging: dict[str, tuple[StagingFile, int, int]] = {}
         # hash -> size of read-cache files, in LRU order (oldest first)
         self._cached: OrderedDict[str, int] = OrderedDict()
+        # those found at startup and not yet re-hashed in this mount: never served
+        self._unverified: set[str] = set()
         # hash -> (object file of a local store, offset, file_identity when verified)
         self._in_place: dict[str, tuple[str, int, tuple[int, int, int, int]]] = {}
         self._clean_staging: OrderedDict[int, None] = OrderedDict()  # LRU of evictable ones
@@ -110,7 +118,8 @@ class LocalCache:
 
     # -- startup -------------------------------------------------------------------
     def scan(self, keep_staging: set[int]) -> None:
-        """Index the read cache; delete staging files the journal no longer needs."""
+        """Index the read cache (unverified: see verify_cached); delete staging files
+        the journal no longer needs."""
         for name in os.listdir(self.staging_dir):
             sid = int(name) if name.isdigit() else -1
             self._next_staging_id = max(self._next_staging_id, sid + 1)
@@ -136,6 +145,7 @@ class LocalCache:
                 entries.append((st_.st_atime_ns, name, st_.st_size))
         for _, name, size in sorted(entries):
             self._cached[name] = size
+            self._unverified.add(name)
 
     # -- staging files ---------------------------------------------------------------
     def new_staging(self) -> StagingFile:
@@ -209,7 +219,8 @@ class LocalCache:
 
     # -- lookups -----------------------------------------------------------------------
     def locate(self, chunk_hash: str) -> tuple[int, int] | None:
-        """(fd, offset) where the raw bytes of the chunk can be read, or None."""
+        """(fd, offset) where the raw bytes of the chunk can be read, or None (also for a
+        read-cache file not verified yet: see unverified())."""
         hit = self._in_staging.get(chunk_hash)
         if hit is not None:
             st, offset, _ = hit
@@ -219,6 +230,8 @@ class LocalCache:
             return st.fd, offset
         with self._lock:
             in_place = self._in_place.get(chunk_hash)
+            if in_place is None and chunk_hash in self._unverified:
+                return None  # the fetcher verifies it first
             if in_place is None and chunk_hash not in self._cached:
                 self.misses += 1
                 return None
@@ -253,8 +266,16 @@ class LocalCache:
         self.misses += 1
 
     def has(self, chunk_hash: str) -> bool:
-        return (chunk_hash in self._in_staging or chunk_hash in self._cached
-                or chunk_hash in self._in_place)
+        """Whether locate() can serve the chunk without I/O elsewhere."""
+        with self._lock:
+            return (chunk_hash in self._in_staging or chunk_hash in self._in_place
+                    or (chunk_hash in self._cached and chunk_hash not in self._unverified))
+
+    def unverified(self, chunk_hash: str) -> bool:
+        """Whether the read cache holds a file for the chunk, from before this mount,
+        that must be re-hashed (verify_cached) before it is served."""
+        with self._lock:
+            return chunk_hash in self._unverified
 
     # -- read cache (called from fetch threads) ---------------------------------------
     def _chunk_path(self, chunk_hash: str) -> str:
@@ -270,6 +291,35 @@ class LocalCache:
         os.replace(tmp, path)
         with self._lock:
             self._cached[chunk_hash] = len(data)
+            self._unverified.discard(chunk_hash)
+
+    def verify_cached(self, chunk_hash: str) -> bool:
+        """In a fetch thread: re-hash an unverified read-cache file. True: it holds the
+        chunk, and is served from now on. False: it is damaged (wrong bytes, wrong size,
+        unreadable) or gone, and it is removed: the caller fetches the chunk again."""
+        hasher = codec.chunk_hasher()
+        size = 0
+        try:
+            with open(self._chunk_path(chunk_hash), "rb", buffering=0) as f:
+                while size <= MAX_CHUNK_SIZE:
+                    block = pread_scratch(f.fileno(), VERIFY_BLOCK, size)
+                    if not block:
+                        break
+                    hasher.update(block)
+                    size += len(block)
+            ok = size <= MAX_CHUNK_SIZE and hasher.hexdigest() == chunk_hash
+        except OSError:  # gone (evicted meanwhile), or the disk cannot read it
+            ok = False
+        with self._lock:
+            self._unverified.discard(chunk_hash)
+            if not ok:
+                self._cached.pop(chunk_hash, None)
+        if not ok:  # no fd of it is open: locate() never opens an unverified file
+            try:
+                os.unlink(self._chunk_path(chunk_hash))
+            except FileNotFoundError:
+                pass
+        return ok
 
     def put_in_place(self, chunk_hash: str, path: str, offset: int,
                      identity: tuple[int, int, int, int]) -> None:
@@ -322,6 +372,7 @@ class LocalCache:
             with self._lock:
                 victim = next((h for h in self._cached if h not in keep), None)
                 size = self._cached.pop(victim) if victim else 0
+                self._unverified.discard(victim or "")
                 fd = self._fds.pop(victim, None) if victim else None
             if victim is not None:
                 if fd is not None:

@@ -3,7 +3,9 @@
 A chunk named by a published manifest may not be in the store yet (its writer is still
 uploading): NotFound and transient errors are retried with backoff up to
 ``missing_timeout``; then MissingChunkError. A chunk whose bytes do not match its name
-raises CorruptChunkError at once. Neither ever yields wrong bytes.
+raises CorruptChunkError at once. Neither ever yields wrong bytes. A read-cache file left
+by an earlier mount is re-hashed before its first use in this one (in a fetch thread,
+single-flight like a GET); if it is damaged it is dropped and the chunk fetched again.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class FetcherStatistics:
     inflight: int
     cache_hits: int
     cache_misses: int
+    verified_chunks: int  # read-cache files from before this mount, re-hashed and intact
+    damaged_chunks: int  # ... found damaged (or gone) and fetched again
 
 
 class Fetcher:
@@ -46,6 +50,8 @@ class Fetcher:
         self._nursery: trio.Nursery | None = None
         self.fetched_chunks = 0
         self.fetched_bytes = 0
+        self.verified_chunks = 0
+        self.damaged_chunks = 0
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host prefetch tasks until cancelled."""
@@ -76,7 +82,8 @@ class Fetcher:
 
     def statistics(self) -> FetcherStatistics:
         return FetcherStatistics(self.fetched_chunks, self.fetched_bytes, len(self._inflight),
-                                 self.cache.hits, self.cache.misses)
+                                 self.cache.hits, self.cache.misses, self.verified_chunks,
+                                 self.damaged_chunks)
 
     # -- internals ---------------------------------------------------------------------
     async def _prefetch(self, chunk_hash: str) -> None:
@@ -99,10 +106,19 @@ class Fetcher:
             raise error
 
     async def _fetch_owned(self, chunk_hash: str) -> None:
-        """GET with retries; the caller has put this chunk's Event in _inflight."""
+        """Verify the cached copy from an earlier mount, or GET with retries; the caller
+        has put this chunk's Event in _inflight."""
         event = self._inflight[chunk_hash]
         self._errors.pop(chunk_hash, None)
         try:
+            if self.cache.unverified(chunk_hash):
+                if await trio.to_thread.run_sync(self.cache.verify_cached, chunk_hash,
+                                                 limiter=self.limiter):
+                    self.verified_chunks += 1
+                    return
+                self.damaged_chunks += 1
+                log.warning("the cached copy of chunk %s is damaged (or gone): fetching it "
+                            "again", chunk_hash)
             size = await self._get_with_retries(chunk_hash)
             self.fetched_chunks += 1
             self.fetched_bytes += size

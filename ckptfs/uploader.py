@@ -10,7 +10,9 @@ Work arrives two ways:
 
 Each job runs in one worker thread behind the ``upload`` CapacityLimiter. Transient store
 errors are retried forever with exponential backoff and jitter; permanent ones are
-reported (statistics().last_error) and retried slowly, the data staying in the cache.
+reported (statistics().last_error) and retried slowly, the data staying in the cache. A
+retry stops early once it is moot: the chunk is stored by another job, or (early job) the
+file was closed, so that its published job owns the chunk.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ STREAM_BYTES = 16 << 20  # ... mean a save is streaming in (see WriterActivity)
 BACKOFF_START = 0.2
 BACKOFF_MAX = 30.0
 PERMANENT_RETRY = 30.0
+MOOT_CHECK = 1.0  # seconds: how often a job waiting to retry looks whether it still must
+RATE_WINDOW = 5.0  # seconds: upload_rate is the bytes PUT in this window, divided by it
+
+Instance = tuple[int, int]  # one chunk of one file version: (staging file id, offset)
 
 
 @contextlib.contextmanager
@@ -64,10 +70,24 @@ def low_cpu_priority() -> Iterator[None]:
 
 @dataclass(eq=False)
 class _Put:
-    """A PUT in progress in some worker thread, for others holding the same chunk."""
+    """A chunk being HEADed and PUT in some worker thread, for others holding the same
+    chunk (they wait for it instead of sending it again)."""
 
+    length: int  # raw bytes
+    origin: Instance  # the chunk instance whose job sends it
     done: threading.Event = field(default_factory=threading.Event)
-    ok: bool = False
+    ok: bool = False  # in the store now
+    stored: bool = False  # PUT by this job (not found by the HEAD)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one attempt of an upload job found; returned by its worker thread."""
+
+    chunk_hash: str | None  # None: the bytes read are not the ones expected
+    stored: int = 0  # encoded bytes this attempt PUT
+    origin: Instance | None = None  # the instance whose PUT by this mount stored the chunk
+    error: StoreError | None = None  # the attempt failed: retry
 
 
 @dataclass(eq=False)
@@ -84,18 +104,20 @@ class UploadJob:
 @dataclass(frozen=True)
 class UploaderStatistics:
     queued_jobs: int
-    uploading_bytes: int
+    uploading_bytes: int  # raw bytes of the distinct chunks being sent or waiting to retry
     uploaded_bytes: int  # raw bytes of chunks PUT by this mount
     stored_bytes: int  # encoded bytes PUT (after compression)
-    dedup_bytes: int  # raw bytes not uploaded because the store had them
-    upload_rate: float  # raw bytes per second, over the last few seconds
+    dedup_bytes: int  # raw bytes of published chunks that needed no PUT (docs/OPERATIONS.md)
+    upload_rate: float  # raw bytes per second PUT, over the last RATE_WINDOW seconds
     last_error: str | None
     retrying_since: float | None
 
 
 @dataclass
 class _Rate:
-    window: float = 5.0
+    """Bytes per second over a sliding window: 0 once `window` seconds pass without add()."""
+
+    window: float = RATE_WINDOW
     samples: deque[tuple[float, int]] = field(default_factory=deque)
 
     def add(self, nbytes: int) -> None:
@@ -149,7 +171,7 @@ class Uploader:
 
     def __init__(self, store: Store, cache: LocalCache, journal: Journal,
                  journal_limiter: trio.CapacityLimiter, workers: int = 8,
-                 overlap_workers: int | None = None) -> None:
+                 overlap_workers: int | None = None, rate_window: float = RATE_WINDOW) -> None:
         self.store = store
         self.cache = cache
         self.journal = journal
@@ -165,8 +187,12 @@ class Uploader:
         self._held = 0  # jobs waiting at it
         self._waiters = 0  # tasks in wait_changed()
         self.in_store: set[str] = set()
+        # chunk -> its HEAD/PUT in a worker thread; chunk -> the instance whose PUT by this
+        # mount stored it (set before `_puts` lets go of it, so no thread HEADs it again)
         self._puts: dict[str, _Put] = {}
+        self._put_by: dict[str, Instance] = {}
         self._puts_lock = threading.Lock()
+        self._retrying: dict[UploadJob, str] = {}  # jobs waiting to retry -> their chunk
         self._journaled: set[str] = set()
         self._waiting: dict[str, list[tuple[StagingFile, int]]] = {}  # hash -> its copies
         self._queued: set[str] = set()
@@ -174,11 +200,10 @@ class Uploader:
         self._send, self._receive = trio.open_memory_channel[UploadJob](math.inf)
         self._lock = trio.Lock()  # orders journal inserts against upload completions
         self._changed = trio.Condition()
-        self._uploading_bytes = 0
         self._uploaded_bytes = 0
         self._stored_bytes = 0
         self._dedup_bytes = 0
-        self._rate = _Rate()
+        self._rate = _Rate(rate_window)
         self.last_error: str | None = None
         self.retrying_since: float | None = None
 
@@ -203,11 +228,17 @@ class Uploader:
         metadata ops; queue the uploads.
 
         Returns the ops' sequence numbers. When this returns, the chunks survive a crash.
+        A chunk already in the store counts in dedup_bytes unless this very instance put it
+        there (an early upload of the file being closed).
         """
         async with self._lock:
             todo = [c for c in chunks if c.hash not in self.in_store]
+            known = [c for c in chunks if c.hash in self.in_store]
             seqs = await trio.to_thread.run_sync(self.journal.add_chunks, todo, ops, path,
                                                  limiter=self.journal_limiter)
+            for c in known:
+                if self._origin(c.hash) != (c.staging_id, c.offset):
+                    self._dedup_bytes += c.length
             for c in todo:
                 self._journaled.add(c.hash)
                 self._add_pending(c)
@@ -256,7 +287,7 @@ class Uploader:
 
     def busy(self) -> bool:
         """Whether uploads are queued or running (so dirty data will shrink)."""
-        return (self._uploading_bytes > 0 or self._held > 0
+        return (self._running > 0 or self._held > 0
                 or self._receive.statistics().current_buffer_used > 0)
 
     def pending_count(self) -> int:
@@ -276,12 +307,35 @@ class Uploader:
     def statistics(self) -> UploaderStatistics:
         return UploaderStatistics(
             queued_jobs=self._receive.statistics().current_buffer_used,
-            uploading_bytes=self._uploading_bytes, uploaded_bytes=self._uploaded_bytes,
+            uploading_bytes=self._uploading(), uploaded_bytes=self._uploaded_bytes,
             stored_bytes=self._stored_bytes, dedup_bytes=self._dedup_bytes,
             upload_rate=self._rate.value(), last_error=self.last_error,
             retrying_since=self.retrying_since)
 
     # -- internals -------------------------------------------------------------------
+    def _uploading(self) -> int:
+        """Raw bytes of the distinct chunks being HEADed or PUT in a worker thread, or
+        waiting to retry, and not in the store yet. A job waiting for another's PUT of
+        the same chunk, or whose retry became moot, adds nothing."""
+        with self._puts_lock:
+            sizes = {h: put.length for h, put in self._puts.items()}
+        for job, h in self._retrying.items():
+            if not self._moot(job, h):
+                sizes.setdefault(h, job.length)
+        return sum(n for h, n in sizes.items() if h not in self.in_store)
+
+    def _origin(self, chunk_hash: str) -> Instance | None:
+        """The chunk instance whose PUT by this mount stored the chunk, if any."""
+        with self._puts_lock:
+            return self._put_by.get(chunk_hash)
+
+    def _moot(self, job: UploadJob, chunk_hash: str) -> bool:
+        """Whether a failed job need not try again: its chunk is in the store now, its
+        staging file is gone, or it is an early job of a file since closed (the close
+        journaled the chunk and queued its own job)."""
+        return (chunk_hash in self.in_store or job.staging.fd < 0
+                or (job.hash is None and job.staging.sealed))
+
     def _add_pending(self, c: PendingChunk, st: StagingFile | None = None) -> None:
         st = st or self.cache.staging[c.staging_id]
         st.pending += 1
@@ -314,93 +368,119 @@ class Uploader:
 
     async def _upload_with_retries(self, job: UploadJob) -> None:
         delay = BACKOFF_START
+        expect = job.hash  # an early job's retries send only the bytes it first read
         while True:
-            if job.hash is not None and job.hash in self.in_store:
-                await self._finished(job, job.hash, uploaded=False)
+            if expect is not None and expect in self.in_store:
+                await self._finished(job, expect, 0, self._origin(expect))
                 return
             if job.staging.fd < 0:
                 return  # staging file dropped (file deleted before its upload)
-            self._uploading_bytes += job.length
             try:
-                chunk_hash, stored_len = await trio.to_thread.run_sync(
-                    self._upload_sync, job, limiter=self.limiter)
-            except StoreError as e:
-                self.last_error = f"{type(e).__name__}: {e}"
-                self.retrying_since = self.retrying_since or time.time()
-                log.warning("upload failed (retrying): %s", e)
-                wait = PERMANENT_RETRY if e.permanent else delay * random.uniform(0.5, 1.5)
-                delay = min(delay * 2, BACKOFF_MAX)
-                await self._notify()
-                await trio.sleep(wait)
-                continue
+                out = await trio.to_thread.run_sync(self._upload_sync, job, expect,
+                                                    limiter=self.limiter)
             except OSError as e:
                 await self._abandon(job, f"its staged bytes are unreadable ({e})")
                 return
-            finally:
-                self._uploading_bytes -= job.length
+            if out.error is not None and out.chunk_hash is not None:
+                error = out.error
+                self.last_error = f"{type(error).__name__}: {error}"
+                self.retrying_since = self.retrying_since or time.time()
+                log.warning("upload failed (retrying): %s", error)
+                await self._notify()
+                wait = (PERMANENT_RETRY if error.permanent
+                        else delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, BACKOFF_MAX)
+                expect = out.chunk_hash
+                await self._backoff(job, expect, wait)
+                if job.hash is None and job.staging.sealed:
+                    return  # the file was closed: its published job uploads the chunk
+                continue
             self.retrying_since = None
             self.last_error = None
-            if chunk_hash is None and job.hash is None:
+            if out.chunk_hash is None and job.hash is None:
                 return  # an early job read a chunk being rewritten: close hashes it again
-            if chunk_hash is None:  # published chunk whose staged bytes changed: lost
+            if out.chunk_hash is None:  # published chunk whose staged bytes changed: lost
                 await self._abandon(job, "its staged bytes no longer match it (lost before "
                                     "a local fsync?)")
                 return
-            self._stored_bytes += stored_len
-            await self._finished(job, chunk_hash, uploaded=stored_len > 0)
+            await self._finished(job, out.chunk_hash, out.stored, out.origin)
             return
 
-    def _upload_sync(self, job: UploadJob) -> tuple[str | None, int]:
+    async def _backoff(self, job: UploadJob, chunk_hash: str, seconds: float) -> None:
+        """Wait `seconds` before a retry, counted in uploading_bytes; return early when
+        the retry becomes moot (each upload wakes the waiters; a closed or deleted file
+        does not, so they also look every MOOT_CHECK seconds)."""
+        self._retrying[job] = chunk_hash
+        try:
+            with trio.move_on_after(seconds):
+                while not self._moot(job, chunk_hash):
+                    with trio.move_on_after(MOOT_CHECK):
+                        async with self._changed:
+                            await self._changed.wait()
+        finally:
+            del self._retrying[job]
+
+    def _upload_sync(self, job: UploadJob, expect: str | None) -> _Outcome:
         """In a worker thread: read, hash, skip if present, encode, PUT.
 
-        Returns (hash or None if the bytes are not the expected ones, bytes PUT or 0).
-        Runs at a lower CPU priority: on a busy node the save goes first.
+        The bytes must hash to `expect` if it is given. Store errors are returned, not
+        raised, so that the retry knows which chunk it waits for. Runs at a lower CPU
+        priority: on a busy node the save goes first.
         """
         with low_cpu_priority():
-            return self._upload_sync_now(job)
+            return self._upload_sync_now(job, expect)
 
-    def _upload_sync_now(self, job: UploadJob) -> tuple[str | None, int]:
+    def _upload_sync_now(self, job: UploadJob, expect: str | None) -> _Outcome:
         data = pread_scratch(job.staging.fd, job.length, job.offset)
         chunk_hash = codec.chunk_hash(data)
-        if len(data) != job.length or (job.hash is not None and chunk_hash != job.hash):
-            return None, 0
-        if chunk_hash in self.in_store:
-            return chunk_hash, 0
+        if len(data) != job.length or (expect is not None and chunk_hash != expect):
+            return _Outcome(None)
         with self._puts_lock:  # the same chunk from an early and a published job: one PUT
+            if chunk_hash in self.in_store or chunk_hash in self._put_by:
+                return _Outcome(chunk_hash, origin=self._put_by.get(chunk_hash))
             other = self._puts.get(chunk_hash)
             if other is None:
-                mine = self._puts[chunk_hash] = _Put()
+                mine = self._puts[chunk_hash] = _Put(job.length, (job.staging.id, job.offset))
         if other is not None:
             other.done.wait()
             if not other.ok:
-                raise TransientStoreError(f"concurrent upload of chunk {chunk_hash} failed")
-            return chunk_hash, 0
+                return _Outcome(chunk_hash, error=TransientStoreError(
+                    f"concurrent upload of chunk {chunk_hash} failed"))
+            return _Outcome(chunk_hash, origin=other.origin if other.stored else None)
         try:
             key = manifests.chunk_key(chunk_hash)
             parts, _ = codec.encode_chunk_parts(data)
             size = sum(len(p) for p in parts)
             # an object of another size is not this chunk: a PUT torn by a crash can leave
             # an empty one on some servers (SeaweedFS), so it is written again
-            if self.store.head(key) == size:
-                stored = 0
-            else:
+            if self.store.head(key) != size:
                 crash_point("chunk_before_put")
                 self.store.put_parts(key, parts)
                 crash_point("chunk_after_put")
-                stored = size
+                mine.stored = True
             mine.ok = True
-            return chunk_hash, stored
+        except StoreError as e:
+            return _Outcome(chunk_hash, error=e)
         finally:
             with self._puts_lock:
+                if mine.stored:
+                    self._put_by[chunk_hash] = mine.origin
                 del self._puts[chunk_hash]
             mine.done.set()
+        if not mine.stored:
+            return _Outcome(chunk_hash)  # the HEAD found it: stored before, not by us
+        return _Outcome(chunk_hash, size, mine.origin)
 
-    async def _finished(self, job: UploadJob, chunk_hash: str, uploaded: bool) -> None:
-        if uploaded:
+    async def _finished(self, job: UploadJob, chunk_hash: str, stored: int,
+                        origin: Instance | None) -> None:
+        """The chunk is in the store: `stored` encoded bytes PUT by this job (0: none),
+        by the PUT of chunk instance `origin` of this mount (None: it was there before).
+        Every journaled copy of it is released; those of other instances than `origin`
+        are dedup_bytes."""
+        if stored:
             self._uploaded_bytes += job.length
+            self._stored_bytes += stored
             self._rate.add(job.length)
-        elif chunk_hash not in self.in_store:
-            self._dedup_bytes += job.length
         async with self._lock:
             self.in_store.add(chunk_hash)
             self._queued.discard(chunk_hash)
@@ -408,6 +488,8 @@ class Uploader:
                 self._journaled.discard(chunk_hash)
                 await self._forget_journaled(chunk_hash)
         for st, offset in self._waiting.pop(chunk_hash, []):
+            if (st.id, offset) != origin:
+                self._dedup_bytes += job.length  # the same bytes, so the same length
             st.pending -= 1
             self.cache.clear_dirty(st, offset)
             self.cache.release_staging(st)

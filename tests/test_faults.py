@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mounting import Mount, is_mounted, run_cli
+from mounting import CKPTFS, Mount, is_mounted, run_cli
 from seaweed import SeaweedServer
 
 MiB = 2**20
@@ -406,6 +406,93 @@ def test_hanging_chunk_requests_are_waited_for(proxy: FaultProxy, seaweed: Seawe
     proxy.release()
     reader.join(60)
     assert got == [data]
+    b.umount()
+
+
+def chunk_objects(seaweed: SeaweedServer, bucket: str, prefix: str) -> set[str]:
+    """The chunk names under s3://bucket/prefix, asked of the server directly."""
+    pages = seaweed.s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/chunks/")
+    return {o["Key"].rsplit("/", 1)[-1] for p in pages for o in p.get("Contents", [])}
+
+
+def test_fsync_to_store_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: SeaweedServer,
+                                                  tmp_path: Path, nodes: list[Mount]) -> None:
+    """With --fsync-to-store, fsync returns only once the file's chunks are in the store:
+    while the server holds every chunk PUT, fsync waits; once the PUTs go through, it
+    returns and each chunk of the file is in the store."""
+    bucket = seaweed.new_bucket()
+    url = f"s3://{bucket}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M", "--fsync-to-store")
+    proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
+    data = os.urandom(3 * MiB + 100)
+    fd = os.open(a / "f.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        outcome: list[object] = []
+
+        def do_fsync() -> None:
+            try:
+                outcome.append(os.fsync(fd))
+            except OSError as e:
+                outcome.append(e)
+
+        syncer = threading.Thread(target=do_fsync, daemon=True)
+        syncer.start()
+        wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is held")
+        time.sleep(2)
+        assert syncer.is_alive() and not outcome, outcome  # still waiting for the PUTs
+        assert chunk_objects(seaweed, bucket, "job") == set()
+        proxy.release()
+        syncer.join(60)
+        assert not syncer.is_alive() and outcome == [None], outcome
+        # durable when fsync returned: every chunk of the file is in the store
+        manifest = json.loads(seaweed.s3.get_object(
+            Bucket=bucket, Key="job/files/f.bin")["Body"].read())
+        assert {h for h, _ in manifest["chunks"]} <= chunk_objects(seaweed, bucket, "job")
+        assert len(manifest["chunks"]) == 4
+        r = run_cli("verify", url, "f.bin", "--endpoint-url", seaweed.endpoint)
+        assert "f.bin" in r.stdout, r.stdout
+    finally:
+        os.close(fd)
+    a.umount()
+
+
+def test_umount_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: SeaweedServer,
+                                          tmp_path: Path, nodes: list[Mount]) -> None:
+    """`ckptfs umount` does not return (nor unmount) while chunk PUTs of a closed file
+    are held by the server; once they go through it exits 0, and a new node with an
+    empty cache reads the file exactly."""
+    import subprocess
+
+    url = f"s3://{seaweed.new_bucket()}/job"
+    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                 "--chunk-size", "1M")
+    proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
+    data = os.urandom(4 * MiB + 7)
+    (a / "f.bin").write_bytes(data)  # closed: its manifest is in the store, chunks held
+    wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is held")
+    umount = subprocess.Popen([*CKPTFS, "umount", str(a.path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        assert umount.poll() is None, umount.communicate()
+        assert is_mounted(a.path) and status(a)["pending_chunks"] > 0
+        proxy.release()
+        out, err = umount.communicate(timeout=120)
+    finally:
+        if umount.poll() is None:
+            umount.kill()
+            umount.wait()
+    assert umount.returncode == 0, err
+    assert "everything is in the store" in out, out
+    assert not is_mounted(a.path)
+    a.wait_exit()
+    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    assert (b / "f.bin").read_bytes() == data
     b.umount()
 
 
@@ -962,6 +1049,49 @@ def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
     assert r.returncode == 1 and "model.bin" in r.stdout and victim in r.stdout, r.stdout
     if damage.startswith("s3"):
         seaweed.drop_bucket(bucket)
+
+
+def test_damaged_read_cache_is_fetched_again_after_a_remount(
+        seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+    """Chunks in a node's read cache are damaged while it is unmounted (a flipped byte,
+    a file cut short), raw and lz4-stored chunks alike: mounted again on the same cache
+    directory, the node reads the file exactly, fetching only the damaged chunks again."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    extra = ["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M"]
+    a = new_node(nodes, url, tmp_path, "a", *extra)
+    raw, lz4 = os.urandom(MiB), b"layer.0.weight " * (MiB // 15)
+    lz4 += b"." * (MiB - len(lz4))
+    # chunks: raw (flipped), raw (cut), lz4 (flipped), lz4 (cut), raw and lz4 (intact)
+    blocks = [raw[:-1] + bytes([i]) if i in (0, 1, 4) else lz4[:-1] + bytes([i])
+              for i in range(6)]
+    data = b"".join(blocks) + b"tail"
+    (a / "model.bin").write_bytes(data)
+    a.umount()
+    b = new_node(nodes, url, tmp_path, "b", *extra)
+    assert (b / "model.bin").read_bytes() == data  # fills b's read cache
+    b.umount()
+    from ckptfs.codec import chunk_hash
+
+    hashes = [chunk_hash(c) for c in blocks]
+    bucket, prefix = url[5:].split("/")
+    sizes = [seaweed.s3.head_object(Bucket=bucket, Key=f"{prefix}/chunks/{h[:2]}/{h}")
+             ["ContentLength"] for h in hashes]
+    assert [n == MiB + 16 for n in sizes] == [True, True, False, False, True, False], sizes
+    cached = {i: b.cache / "chunks" / h[:2] / h for i, h in enumerate(hashes)}
+    assert all(p.exists() for p in cached.values())
+    for i in (0, 2):  # a flipped bit
+        blob = bytearray(cached[i].read_bytes())
+        blob[12345] ^= 0x10
+        cached[i].write_bytes(bytes(blob))
+    for i in (1, 3):  # cut short
+        cached[i].write_bytes(cached[i].read_bytes()[:MiB // 2])
+    b.mount()
+    assert (b / "model.bin").read_bytes() == data
+    st = status(b)
+    assert st["fetched_bytes"] == 4 * MiB, st  # the damaged ones, and only those
+    b.umount()
+    log = (b.cache / "ckptfs.log").read_text()
+    assert log.count("is damaged") == 4, log
 
 
 # ---------------------------------------------------------------------------- 7. security

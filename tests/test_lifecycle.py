@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -281,3 +282,33 @@ def test_a_new_store_is_announced_and_never_made_inside_another(
         keys = [k for k, _ in s3.list("", delimiter=None).objects]
         s3.close()
         assert keys and not [k for k in keys if k.startswith(("step-3/", "run/"))], keys
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_dedup_counts_only_chunks_the_store_already_had(
+        where: str, store: str, tmp_path: Path, nodes: list[Mount],
+        request: pytest.FixtureRequest) -> None:
+    """A save of random bytes into a new store deduplicates nothing, although its early
+    uploads race the uploads that its close queues for the same chunks; a copy of the
+    saved file then deduplicates exactly its size (every chunk is already stored)."""
+    extra = ["--chunk-size", "1M"]
+    if where == "s3":
+        seaweed: SeaweedServer = request.getfixturevalue("seaweed")
+        store = f"s3://{seaweed.new_bucket()}/job"
+        extra += ["--endpoint-url", seaweed.endpoint]
+    a = node(nodes, store, tmp_path, "a", *extra)
+    size = 96 * 2**20 + 12345  # 97 chunks, the last one partial
+    data = os.urandom(size)
+    with open(a / "model.bin", "wb", buffering=0) as f:  # as dd bs=1M does
+        for offset in range(0, size, 2**20):
+            f.write(data[offset:offset + 2**20])
+    run_cli("sync", str(a.path))
+    st = a.status()
+    assert st["dedup_bytes"] == 0 and st["uploaded_bytes"] == size, st
+    assert st["uploading_bytes"] == 0, st
+    shutil.copyfile(a / "model.bin", a / "copy.bin")
+    run_cli("sync", str(a.path))
+    st = a.status()
+    assert st["dedup_bytes"] == size and st["uploaded_bytes"] == size, st
+    assert st["dedup_ratio"] == 2.0, st
+    a.umount()

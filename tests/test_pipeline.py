@@ -383,6 +383,171 @@ def test_uploader_yields_to_a_streaming_save(store: RecordingStore, cache: Local
     run(main)
 
 
+def open_chunk(cache: LocalCache, data: bytes) -> StagingFile:
+    """A staging file of a file still open, whose one chunk sequential writes completed."""
+    st = cache.new_staging()
+    os.pwrite(st.fd, data, 0)
+    st.extent = len(data)
+    cache.set_dirty(st, 0, len(data))
+    return st
+
+
+async def close_file(up: Uploader, cache: LocalCache, st: StagingFile) -> str:
+    """What close does to `open_chunk`'s file: seal it, journal its chunk, queue it."""
+    data = os.pread(st.fd, st.extent, 0)
+    h = codec.chunk_hash(data)
+    cache.add_staged_chunk(h, st, 0, len(data))
+    await up.persist([PendingChunk(h, st.id, 0, len(data))], [])
+    st.sealed = True
+    return h
+
+
+class EarlyResultLast(Uploader):
+    """An uploader whose early jobs' results reach the trio thread 0.5 s late, after
+    those of published jobs that ran at the same time."""
+
+    def _upload_sync(self, job: UploadJob, *args: object) -> object:  # type: ignore[override]
+        result = super()._upload_sync(job, *args)  # type: ignore[arg-type]
+        if job.hash is None:
+            time.sleep(0.5)
+        return result
+
+
+@pytest.mark.parametrize("closed", ["during the early PUT", "after the early PUT"])
+def test_uploader_early_and_published_job_of_one_chunk_are_not_dedup(
+        store: RecordingStore, cache: LocalCache, journal: Journal, closed: str) -> None:
+    """A chunk uploaded early and then journaled by the close of its file is one upload
+    (one PUT), not a deduplicated chunk, whichever job learns first that it is stored:
+    the published job that waited for the early PUT, or that HEADs after it."""
+    data = os.urandom(64 * KiB)
+    done: list[str] = []
+
+    async def main() -> None:
+        up = EarlyResultLast(store, cache, journal, trio.CapacityLimiter(1), workers=4)
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            st = open_chunk(cache, data)
+            if closed == "during the early PUT":
+                store.hang("put")
+            up.submit_early_nowait(UploadJob(st, 0, len(data), on_done=done.append))
+            if closed == "during the early PUT":
+                await until(lambda: store.counts["put"] == 1)
+            else:  # the object is there, the early job's result not processed yet
+                await until(lambda: store.inner.head(chunk_key(codec.chunk_hash(data)))
+                            is not None)
+            h = await close_file(up, cache, st)
+            await trio.sleep(0.1)
+            store.release()
+            await settled(up, st)
+            await until(lambda: bool(done))
+            s = up.statistics()
+            assert store.counts["put"] == 1 and done == [h]
+            assert s.uploaded_bytes == len(data) and s.dedup_bytes == 0, s
+            assert cache.dirty_bytes == 0 and journal.counts() == (0, 0)
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_uploader_dedup_counts_each_other_copy_of_a_chunk(
+        store: RecordingStore, cache: LocalCache, journal: Journal) -> None:
+    """dedup_bytes counts the copies of a chunk in other file versions (or other places
+    of one file) that needed no upload: two files with the same bytes closed before the
+    upload, then a copy of them closed after it (as `cp` of a saved checkpoint)."""
+    data = os.urandom(16 * KiB)
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1))
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            store.set_latency("put", 0.1)
+            st1, _, _ = await published(up, cache, data)
+            st2, _, _ = await published(up, cache, data)
+            await settled(up, st1, st2)
+            s = up.statistics()
+            assert s.uploaded_bytes == len(data) and s.dedup_bytes == len(data), s
+            st3, _, _ = await published(up, cache, data)  # the copy: nothing to upload
+            await settled(up, st3)
+            s = up.statistics()
+            assert s.uploaded_bytes == len(data) and s.dedup_bytes == 2 * len(data), s
+            assert store.counts["put"] == 1
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_uploader_chunk_waiting_for_another_put_is_uploading_once(
+        store: RecordingStore, cache: LocalCache, journal: Journal) -> None:
+    """While a published job waits for the early job's PUT of the same chunk, the chunk
+    is counted once in uploading_bytes, and not at all once that PUT is done."""
+    data = os.urandom(64 * KiB)
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1), workers=4)
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            st = open_chunk(cache, data)
+            store.hang("put")
+            up.submit_early_nowait(UploadJob(st, 0, len(data)))
+            await until(lambda: store.counts["put"] == 1)
+            await close_file(up, cache, st)
+            await trio.sleep(0.2)  # the published job is waiting for the early PUT
+            assert up.statistics().uploading_bytes == len(data)
+            store.release()
+            await settled(up, st)
+            await until(lambda: not up.busy(), timeout=1.0)
+            assert up.statistics().uploading_bytes == 0
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_uploader_status_settles_after_an_outage(
+        store: RecordingStore, cache: LocalCache, journal: Journal,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An early upload fails (the store is down) and backs off; the store comes back and
+    the file's close uploads the chunk. At once nothing is uploading any more (the early
+    job does not sit out its backoff counted as uploading), and a moment later the rate
+    reads 0; no stray PUT comes afterwards."""
+    monkeypatch.setattr(uploader, "BACKOFF_START", 4.0)  # the early job waits 2 s to 6 s
+    data = os.urandom(64 * KiB)
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1), workers=4,
+                      rate_window=0.5)
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            st = open_chunk(cache, data)
+            store.fail("put", times=1)  # the outage
+            up.submit_early_nowait(UploadJob(st, 0, len(data)))
+            await until(lambda: up.statistics().retrying_since is not None)
+            s = up.statistics()
+            assert s.uploading_bytes == len(data) and s.last_error  # waiting to retry
+            await close_file(up, cache, st)  # the store is back: this upload succeeds
+            await settled(up, st)
+            s = up.statistics()
+            assert s.retrying_since is None and s.upload_rate > 0
+            with trio.fail_after(1.0):
+                await until(lambda: up.statistics().uploading_bytes == 0 and not up.busy())
+            await trio.sleep(0.6)  # past the rate window
+            s = up.statistics()
+            assert s.upload_rate == 0 and s.uploading_bytes == 0, s
+            assert s.uploaded_bytes == len(data) and s.dedup_bytes == 0, s
+            assert store.counts["put"] == 2  # the failed one and the close's
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_upload_rate_reads_zero_after_its_window() -> None:
+    rate = uploader._Rate(window=0.2)
+    assert rate.value() == 0
+    rate.add(1000)
+    assert rate.value() == 1000 / 0.2
+    time.sleep(0.25)
+    assert rate.value() == 0
+
+
 # -- Fetcher -----------------------------------------------------------------------------
 
 async def with_fetcher(store: FaultyStore, cache: LocalCache,
@@ -949,13 +1114,17 @@ def test_cache_scan_at_startup(tmp_path: Path) -> None:
     (root / "staging").mkdir(parents=True)
     for name in ("1", "2", "7", "junk"):
         (root / "staging" / name).write_bytes(b"z" * 10 * int(name if name.isdigit() else 1))
-    h_old, h_new = "ab" + "0" * 30, "ab" + "1" * 30
-    (root / "chunks" / "ab").mkdir(parents=True)
-    (root / "chunks" / "ab" / h_old).write_bytes(b"o" * 300)
-    (root / "chunks" / "ab" / h_new).write_bytes(b"n" * 300)
-    (root / "chunks" / "ab" / (h_new + ".tmp12345")).write_bytes(b"partial")
-    os.utime(root / "chunks" / "ab" / h_old, ns=(1_000_000_000, 1_000_000_000))
-    os.utime(root / "chunks" / "ab" / h_new, ns=(2_000_000_000, 2_000_000_000))
+    h_old, h_new, h_bad = (codec.chunk_hash(c * 300) for c in (b"o", b"n", b"b"))
+    for h, data in ((h_old, b"o" * 300), (h_new, b"n" * 300), (h_bad, b"b" * 299 + b"B")):
+        (root / "chunks" / h[:2]).mkdir(parents=True, exist_ok=True)
+        (root / "chunks" / h[:2] / h).write_bytes(data)
+    (root / "chunks" / h_new[:2] / (h_new + ".tmp12345")).write_bytes(b"partial")
+    os.utime(root / "chunks" / h_old[:2] / h_old, ns=(1_000_000_000, 1_000_000_000))
+    os.utime(root / "chunks" / h_new[:2] / h_new, ns=(2_000_000_000, 2_000_000_000))
+    os.utime(root / "chunks" / h_bad[:2] / h_bad, ns=(3_000_000_000, 3_000_000_000))
+
+    def cached_files() -> list[str]:
+        return sorted(p.name for p in (root / "chunks").rglob("*") if p.is_file())
 
     cache = LocalCache(str(root), limit_bytes=1 << 20)
     cache.scan(keep_staging={2, 9})
@@ -964,16 +1133,78 @@ def test_cache_scan_at_startup(tmp_path: Path) -> None:
         assert list(cache.staging) == [2]
         st = cache.staging[2]
         assert st.sealed and st.extent == 20 and os.pread(st.fd, 20, 0) == b"z" * 20
-        assert sorted(os.listdir(root / "chunks" / "ab")) == [h_old, h_new]
-        assert cache.has(h_old) and cache.has(h_new)
-        assert cache.cached_bytes == 600
+        assert cached_files() == sorted([h_old, h_new, h_bad])
+        assert cache.cached_bytes == 900
         assert cache.new_staging().id == 8  # never reuses the id of a file seen on disk
-        # the least recently accessed (by atime) read-cache file is evicted first
-        cache.limit_bytes = cache.used_bytes - 1
-        cache.evict()
-        assert not cache.has(h_old) and cache.has(h_new)
+        # nothing found on disk is served before it is re-hashed in this mount
+        for h in (h_old, h_new, h_bad):
+            assert cache.unverified(h) and not cache.has(h) and cache.locate(h) is None
+        assert cache.verify_cached(h_new)
+        assert not cache.unverified(h_new) and cache.has(h_new)
         fd, off = cache.locate(h_new)  # type: ignore[misc]
         assert os.pread(fd, 300, off) == b"n" * 300
+        # a file whose bytes do not match its name is removed, never served
+        assert not cache.verify_cached(h_bad)
+        assert not cache.unverified(h_bad) and not cache.has(h_bad)
+        assert cache.locate(h_bad) is None and cached_files() == sorted([h_old, h_new])
+        assert cache.cached_bytes == 600
+        # the least recently accessed (by atime) read-cache file is evicted first,
+        # verified or not
+        cache.limit_bytes = cache.used_bytes - 1
+        cache.evict()
+        assert not cache.unverified(h_old) and cached_files() == [h_new]
+        assert cache.has(h_new)
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "none"])
+@pytest.mark.parametrize("kind", ["raw", "lz4"])
+def test_fetcher_verifies_the_read_cache_of_an_earlier_mount(
+        store: RecordingStore, tmp_path: Path, kind: str, damage: str) -> None:
+    """A chunk cached by an earlier mount and damaged on the cache disk since (a flipped
+    byte, a file cut short by a crash) is re-hashed before it is served, dropped, and
+    fetched again: the read gets the right bytes. An intact one costs no GET."""
+    data = os.urandom(64 * KiB) if kind == "raw" else b"layer.0.weight " * 4 * KiB
+    h = put_chunk(store, data)
+    stored, codec_id = codec.encode_chunk(data)
+    assert codec.CODEC_NAMES[codec_id] == kind
+    root = str(tmp_path / "c")
+    first = LocalCache(root, limit_bytes=1 << 30)
+    run(lambda: with_fetcher(store, first, lambda f: read_chunk(f, h, len(data))))  # type: ignore[arg-type, return-value]
+    first.close()
+    path = Path(root, "chunks", h[:2], h)
+    assert path.read_bytes() == data
+    if damage == "flip":
+        blob = bytearray(data)
+        blob[len(blob) // 3] ^= 0x04
+        path.write_bytes(bytes(blob))
+    elif damage == "truncate":
+        path.write_bytes(data[:len(data) // 2])
+    gets = store.counts["get"]
+    cache = LocalCache(root, limit_bytes=1 << 30)  # the next mount, same cache directory
+    cache.scan(keep_staging=set())
+    got: list[bytes] = []
+    stats: list[object] = []
+
+    async def body(f: Fetcher) -> None:
+        async def reader() -> None:
+            got.append(await read_chunk(f, h, len(data) + 1))
+
+        async with trio.open_nursery() as n:  # two readers at once: one check, one GET
+            n.start_soon(reader)
+            n.start_soon(reader)
+        await reader()
+        stats.append(f.statistics())
+
+    try:
+        run(lambda: with_fetcher(store, cache, body))
+        assert got == [data] * 3
+        assert store.counts["get"] - gets == (0 if damage == "none" else 1)
+        s = stats[0]
+        assert (s.verified_chunks, s.damaged_chunks) == (  # type: ignore[attr-defined]
+            (1, 0) if damage == "none" else (0, 1))
+        assert path.read_bytes() == data
     finally:
         cache.close()
 
