@@ -19,6 +19,7 @@ import trio
 from . import codec, manifests
 from .cache import LocalCache, file_identity
 from .errors import CorruptChunkError, MissingChunkError, NotFoundError, StoreError
+from .retry import CHUNK_WAIT
 from .store.base import Store
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class Fetcher:
 
     async def _get_with_retries(self, chunk_hash: str) -> int:
         deadline = time.monotonic() + self.missing_timeout
-        delay = 0.1
+        delays = CHUNK_WAIT.delays()
         while True:
             try:
                 return await trio.to_thread.run_sync(self._get_sync, chunk_hash,
@@ -145,8 +146,7 @@ class Fetcher:
                     what = "not in the store" if isinstance(e, NotFoundError) else str(e)
                     raise MissingChunkError(
                         f"chunk {chunk_hash} {what} after {self.missing_timeout:g}s") from None
-                await trio.sleep(min(delay, remaining))  # the last try is at the deadline
-                delay = min(delay * 2, 5.0)
+                await trio.sleep(min(next(delays), remaining))  # last try at the deadline
 
     def _get_sync(self, chunk_hash: str) -> int:
         key = manifests.chunk_key(chunk_hash)

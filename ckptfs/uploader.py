@@ -21,7 +21,6 @@ import contextlib
 import logging
 import math
 import os
-import random
 import threading
 import time
 from collections import deque
@@ -35,6 +34,7 @@ from .cache import LocalCache, StagingFile, pread_scratch
 from .crashpoints import crash_point
 from .errors import JournalError, StoreError, TransientStoreError
 from .journal import Journal, LostFile, PendingChunk
+from .retry import BACKGROUND, PERMANENT_DELAY
 from .store.base import Store
 
 log = logging.getLogger(__name__)
@@ -42,9 +42,6 @@ log = logging.getLogger(__name__)
 UPLOAD_NICE = 10  # uploads yield the CPU to the training process and the FUSE loop
 STREAM_WINDOW = 0.25  # seconds: writes this recent, and this many bytes of them, ...
 STREAM_BYTES = 16 << 20  # ... mean a save is streaming in (see WriterActivity)
-BACKOFF_START = 0.2
-BACKOFF_MAX = 30.0
-PERMANENT_RETRY = 30.0
 MOOT_CHECK = 1.0  # seconds: how often a job waiting to retry looks whether it still must
 RATE_WINDOW = 5.0  # seconds: upload_rate is the bytes PUT in this window, divided by it
 
@@ -252,7 +249,7 @@ class Uploader:
         """
         intact = await trio.to_thread.run_sync(self._check_staged, chunks,
                                                limiter=self.limiter)
-        for c, ok in zip(chunks, intact):
+        for c, ok in zip(chunks, intact, strict=True):
             st = self.cache.staging.get(c.staging_id)
             if st is None or not ok:
                 state = "gone" if st is None else "damaged"
@@ -367,7 +364,7 @@ class Uploader:
             self._held -= 1
 
     async def _upload_with_retries(self, job: UploadJob) -> None:
-        delay = BACKOFF_START
+        delays = BACKGROUND.delays()
         expect = job.hash  # an early job's retries send only the bytes it first read
         while True:
             if expect is not None and expect in self.in_store:
@@ -387,9 +384,7 @@ class Uploader:
                 self.retrying_since = self.retrying_since or time.time()
                 log.warning("upload failed (retrying): %s", error)
                 await self._notify()
-                wait = (PERMANENT_RETRY if error.permanent
-                        else delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, BACKOFF_MAX)
+                wait = PERMANENT_DELAY if error.permanent else next(delays)
                 expect = out.chunk_hash
                 await self._backoff(job, expect, wait)
                 if job.hash is None and job.staging.sealed:

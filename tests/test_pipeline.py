@@ -17,6 +17,7 @@ from ckptfs.fetcher import Fetcher
 from ckptfs.journal import Journal, Op, PendingChunk
 from ckptfs.manifests import DirMarker, chunk_key, dir_key, file_key
 from ckptfs.publisher import Publisher
+from ckptfs.retry import Backoff
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
 from ckptfs.uploader import Uploader, UploadJob
@@ -240,7 +241,7 @@ def test_uploader_dedup_within_mount(store: RecordingStore, cache: LocalCache,
 def test_uploader_retries_transient_failures(store: RecordingStore, cache: LocalCache,
                                              journal: Journal,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(uploader, "BACKOFF_START", 0.01)
+    monkeypatch.setattr(uploader, "BACKGROUND", Backoff(first=0.01, maximum=30.0))
     data = os.urandom(30 * KiB)
     store.fail("put", times=4)
     errors: list[str | None] = []
@@ -509,7 +510,7 @@ def test_uploader_status_settles_after_an_outage(
     the file's close uploads the chunk. At once nothing is uploading any more (the early
     job does not sit out its backoff counted as uploading), and a moment later the rate
     reads 0; no stray PUT comes afterwards."""
-    monkeypatch.setattr(uploader, "BACKOFF_START", 4.0)  # the early job waits 2 s to 6 s
+    monkeypatch.setattr(uploader, "BACKGROUND", Backoff(first=4.0, maximum=30.0))  # 2-6 s
     data = os.urandom(64 * KiB)
 
     async def main() -> None:
