@@ -77,7 +77,8 @@ def peak_rss(pid: int) -> int:
 def run(*args: str, tree: str | None = None) -> str:
     """The ckptfs command line, from the source tree `tree` if given (A/B runs)."""
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    r = subprocess.run([*CKPTFS, *args], capture_output=True, text=True, env=env)
+    # `python -m` puts the working directory first on sys.path: run in the tree
+    r = subprocess.run([*CKPTFS, *args], capture_output=True, text=True, env=env, cwd=tree)
     if r.returncode:
         raise SystemExit(f"ckptfs {' '.join(args)} failed: {r.stderr.strip()}")
     return r.stdout
