@@ -3,6 +3,7 @@ into scripts/trivialfs.py (each write a pwrite into a local file), into the same
 --discard (the FUSE transport alone), and into ckptfs.
 
     .venv/bin/python scripts/bench_fuse_floor.py --mib 1024 --runs 3 [--no-settle]
+        [--before TREE]   # also ckptfs from another source tree (an older commit)
 
 Prints the seconds each takes (medians, interleaved). ckptfs cannot beat the trivial
 file system; the gap between them is what ckptfs's own work costs. All open write-only
@@ -41,6 +42,17 @@ def dd(src: Path, dst: Path, settled: bool) -> float:
     return time.perf_counter() - t
 
 
+def tree_env(tree: str | None) -> dict[str, str] | None:
+    return None if tree is None else {**os.environ, "PYTHONPATH": tree}
+
+
+def ckptfs(tree: str | None, *args: str) -> None:
+    """The ckptfs command line, from source tree `tree` if given (`python -m` puts the
+    working directory first on sys.path, so it runs there)."""
+    subprocess.run([*CKPTFS, *args], check=True, capture_output=True, env=tree_env(tree),
+                   cwd=tree)
+
+
 def start_trivial(mountpoint: Path, backing: Path, *extra: str) -> subprocess.Popen[bytes]:
     """Start scripts/trivialfs.py and return once it is mounted."""
     backing.mkdir()
@@ -59,13 +71,17 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-settle", action="store_true",
                     help="time each dd in whatever state the previous one left")
+    ap.add_argument("--before", metavar="TREE",
+                    help="also measure ckptfs from this source tree (a checkout of an "
+                         "older commit), as target 'before', interleaved with the others")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ckptfs-floor-"))
     src = work / "src.bin"
     with open(src, "wb") as f:
         for _ in range(a.mib):
             f.write(os.urandom(1 << 20))
-    names = ("local", "discard", "trivial", "ckptfs")
+    names = ("local", "discard", "trivial", "ckptfs", *(("before",) if a.before else ()))
+    ckptfs_targets = {"ckptfs": None, "before": a.before}
     dirs = {n: work / n for n in names}
     for d in dirs.values():
         d.mkdir()
@@ -74,24 +90,28 @@ def main() -> int:
     try:
         servers.append(start_trivial(dirs["discard"], work / "discard-backing", "--discard"))
         servers.append(start_trivial(dirs["trivial"], work / "trivial-backing"))
-        (work / "store").mkdir()
-        subprocess.run([*CKPTFS, "mount", str(work / "store"), str(dirs["ckptfs"]),
-                        "--cache-dir", str(work / "cache")], check=True)
+        for name in names:
+            if name in ckptfs_targets:
+                (work / f"store-{name}").mkdir()
+                ckptfs(ckptfs_targets[name], "mount", str(work / f"store-{name}"),
+                       str(dirs[name]), "--cache-dir", str(work / f"cache-{name}"))
         for _ in range(a.runs):
             for name in names:
                 target = dirs[name] / "f"
                 if target.exists():
                     target.unlink()
                 times[name].append(dd(src, target, settled=not a.no_settle))
-                if name == "ckptfs":  # its uploads finish before the next dd (not timed)
-                    subprocess.run([*CKPTFS, "sync", str(dirs[name])], check=True,
-                                   capture_output=True)
+                if name in ckptfs_targets:  # its uploads finish before the next dd (untimed)
+                    ckptfs(ckptfs_targets[name], "sync", str(dirs[name]))
     finally:
         for name in ("discard", "trivial"):
             subprocess.run(["fusermount3", "-u", "-z", str(dirs[name])], capture_output=True)
         for proc in servers:
             proc.wait(10)
-        subprocess.run([*CKPTFS, "umount", str(dirs["ckptfs"])], capture_output=True)
+        for name, tree in ckptfs_targets.items():
+            if name in names:
+                subprocess.run([*CKPTFS, "umount", str(dirs[name])], capture_output=True,
+                               env=tree_env(tree), cwd=tree)
         shutil.rmtree(work, ignore_errors=True)
     state = "in whatever state the previous left" if a.no_settle else "settled"
     print(f"dd bs=1M of {a.mib} MiB, medians of {a.runs} interleaved runs, {state}")

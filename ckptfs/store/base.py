@@ -103,7 +103,7 @@ class Store(abc.ABC):
         and for stores without such a place."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: most stores hold nothing to release
         """Release connections; the store is unusable afterwards."""
 
 
