@@ -57,6 +57,11 @@ class InvalidKeyError(ConfigError):
     """A store key or a path from the store is unsafe (escapes the root, NUL, '..')."""
 
 
+class KeyTooLongError(InvalidKeyError):
+    """A key longer than the store can hold: S3 allows 1024 bytes with the prefix, a
+    directory store the path length of its file system (Store.check_length)."""
+
+
 class FsError(CkptfsError):
     """A POSIX-level failure of a filesystem operation; fuseops maps each kind to an errno."""
 

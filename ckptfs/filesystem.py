@@ -35,6 +35,7 @@ from .errors import (
     InvalidArgument,
     IsADirectory,
     JournalFull,
+    KeyTooLongError,
     MissingChunkError,
     NameTooLong,
     NoAttribute,
@@ -43,6 +44,7 @@ from .errors import (
     NotEmpty,
     NotPermitted,
     NotSupported,
+    StoreError,
 )
 from .fetcher import Fetcher
 from .journal import Op, PendingChunk
@@ -58,7 +60,7 @@ log = logging.getLogger(__name__)
 
 STATE_XATTR = "user.ckptfs.state"
 CONTROL_XATTR = "user.ckptfs.control"
-NAME_MAX = 240  # bytes; below 255 so that every store can hold the name plus its suffixes
+NAME_MAX = 255  # bytes, as on ext4 and xfs (the directory store maps longer file names)
 HASH_THREADS = 2  # the `hash` limiter: hashing at close, fsync of staging files
 
 
@@ -198,12 +200,49 @@ class CheckpointFS:
         await self.lister.refresh(node)
         return sorted(node.children.items())
 
-    def _check_name_free(self, parent: DirNode, name: str) -> None:
+    def _check_name_free(self, parent: DirNode, name: str, is_dir: bool = False) -> None:
+        path = manifests.join(parent.path, name)
         if name in parent.children:
-            raise Exists(manifests.join(parent.path, name))
+            raise Exists(path)
         if "/" in name or "\0" in name or name in (".", ".."):
             raise InvalidArgument(name)
         self._check_name(name)
+        self._check_fits(manifests.dir_key(path) if is_dir else manifests.file_key(path))
+
+    def _check_fits(self, key: str) -> None:
+        """ENAMETOOLONG for a key the store cannot hold (S3: 1024 bytes in all)."""
+        try:
+            self.store.check_length(key)
+        except KeyTooLongError as e:
+            raise NameTooLong(str(e)) from None
+
+    async def _check_tree_fits(self, src: DirNode, new_path: str) -> None:
+        """ENAMETOOLONG if moving the directory `src` to `new_path` would give a key the
+        store cannot hold: every entry known here, and, when a directory below `src` was
+        never listed, every key the store has below it (the publisher checks again before
+        it copies anything)."""
+        old_prefix = manifests.dir_key(src.path)
+        keys = [old_prefix]
+        complete = True
+        todo = [src]
+        while todo:
+            dnode = todo.pop()
+            complete = complete and dnode.listed
+            for child in dnode.children.values():
+                if isinstance(child, DirNode):
+                    keys.append(manifests.dir_key(child.path))
+                    todo.append(child)
+                else:
+                    keys.append(manifests.file_key(child.path))
+        if not complete:
+            try:
+                listing = await self.store.list(old_prefix, delimiter=None)
+                keys += [k for k, _ in listing.objects]
+            except StoreError as e:
+                log.warning("cannot list %s to check its new key lengths: %s", src.path, e)
+        new_prefix = manifests.dir_key(new_path)
+        for key in keys:
+            self._check_fits(new_prefix + key[len(old_prefix):])
 
     @staticmethod
     def _check_name(name: str) -> None:
@@ -264,7 +303,7 @@ class CheckpointFS:
     async def mkdir(self, parent_inode: int, name: str, mode: int) -> DirNode:
         parent = await self._writable_dir(parent_inode)
         await self.lister.refresh(parent)
-        self._check_name_free(parent, name)
+        self._check_name_free(parent, name, is_dir=True)
         now = time.time_ns()
         changing = self._changing((parent, name))
         node = self.table.new_dir(parent, name, mode, now)
@@ -337,6 +376,11 @@ class CheckpointFS:
         dst = new_parent.children.get(new_name)
         if dst is src:
             return
+        new_path = manifests.join(new_parent.path, new_name)
+        if isinstance(src, DirNode):
+            await self._check_tree_fits(src, new_path)
+        else:
+            self._check_fits(manifests.file_key(new_path))
         if dst is not None and noreplace:
             raise Exists(dst.path)
         if isinstance(src, DirNode):

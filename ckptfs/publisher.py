@@ -212,7 +212,11 @@ class Publisher:
                 "v": 1, "op": "rename_dir", "src": op.path, "dst": op.path2,
                 "writer": self.node_id, "time": time.time()}).encode())
             crash_point("rename_dir_intent")
-            self._rename_dir(op.path, op.path2)
+            try:
+                self._rename_dir(op.path, op.path2)
+            except InvalidKeyError:  # refused before any copy (check_length): never doable
+                self.store.delete(intent)
+                raise
             self.store.delete(intent)
         else:
             log.error("unknown op kind %r in journal, skipped", op.kind)
@@ -230,6 +234,8 @@ class Publisher:
         start = time.monotonic()
         old_prefix, new_prefix = manifests.dir_key(src), manifests.dir_key(dst)
         keys = [k for k, _ in self.store.list(old_prefix, delimiter=None).objects]
+        for key in keys:  # a key too long for the store fails the rename before any copy
+            self.store.check_length(new_prefix + key[len(old_prefix):])
         with ThreadPoolExecutor(RENAME_THREADS) as pool:
             list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
                           keys))
@@ -264,7 +270,10 @@ class Publisher:
                 continue
             log.warning("rolling forward the interrupted rename %s -> %s (by node %s)",
                         src, dst, intent.get("writer", "?"))
-            self._rename_dir(src, dst)
+            try:
+                self._rename_dir(src, dst)
+            except InvalidKeyError as e:  # checked before any copy: nothing was changed
+                log.error("rename intent %s can never be done, deleted: %s", key, e)
             self.store.delete(key)
             done += 1
         return done

@@ -1,4 +1,5 @@
-"""POSIX behaviour of a real ckptfs FUSE mount (LocalStore under tmp_path).
+"""POSIX behaviour of a real ckptfs FUSE mount (LocalStore under tmp_path; SeaweedFS S3
+too where a test takes `any_cluster`).
 
 Every test runs the real `ckptfs mount` command. Where persistence matters, the mount is
 unmounted with `ckptfs umount` (which must exit 0) and the store is mounted again by
@@ -12,6 +13,7 @@ import ctypes
 import errno
 import hashlib
 import itertools
+import json
 import mmap
 import os
 import random
@@ -40,20 +42,24 @@ ENOTSUP = {errno.ENOTSUP, errno.EOPNOTSUPP}
 
 # ------------------------------------------------------------------------------ fixtures
 class Cluster:
-    """Mounts of one LocalStore; every mount made here is cleaned up in teardown."""
+    """Mounts of one store (a LocalStore, or `url` reached with the options `extra`); every
+    mount made here is cleaned up in teardown."""
 
-    def __init__(self, root: Path, chunk_size: str = "1M") -> None:
+    def __init__(self, root: Path, chunk_size: str = "1M", url: str = "",
+                 extra: tuple[str, ...] = ()) -> None:
         self.root = root
         self.store = root / "store"
         self.store.mkdir()
+        self.url = url or str(self.store)
+        self.extra = extra  # options that reach the store (the S3 endpoint)
         self.chunk_size = chunk_size
         self.mounts: list[Mount] = []
         self._names = itertools.count()
 
     def node(self) -> Mount:
         """Mount the store on a new mount point with a new, empty cache directory."""
-        m = Mount(str(self.store), self.root, f"n{next(self._names)}",
-                  extra=["--chunk-size", self.chunk_size])
+        m = Mount(self.url, self.root, f"n{next(self._names)}",
+                  extra=["--chunk-size", self.chunk_size, *self.extra])
         self.mounts.append(m)
         return m.mount()
 
@@ -86,6 +92,21 @@ class Cluster:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """A Cluster on the local store, then on a SeaweedFS bucket."""
+    if request.param == "local":
+        c = Cluster(tmp_path)
+    else:
+        seaweed = request.getfixturevalue("seaweed")
+        c = Cluster(tmp_path, url=f"s3://{seaweed.new_bucket()}/run",
+                    extra=("--endpoint-url", seaweed.endpoint))
     try:
         yield c
     finally:
@@ -939,7 +960,7 @@ def test_hard_link_is_eperm(mnt: Mount) -> None:
 def test_statfs(mnt: Mount) -> None:
     s = os.statvfs(mnt.path)
     assert s.f_bavail > 0 and s.f_bfree > 0 and s.f_blocks > 0
-    assert s.f_bsize > 0 and s.f_namemax == 240  # what every store can hold with suffixes
+    assert s.f_bsize > 0 and s.f_namemax == 255  # as on ext4 and xfs
     assert s.f_favail > 0
     # sizes are those of the cache directory's disk: what can still be written locally
     c = os.statvfs(mnt.cache)
@@ -947,12 +968,89 @@ def test_statfs(mnt: Mount) -> None:
     for field in ("f_bfree", "f_bavail"):  # other processes write to that disk meanwhile
         got, want = getattr(s, field) * s.f_frsize, getattr(c, field) * c.f_frsize
         assert abs(got - want) < 256 * MiB, (field, got, want)
-    ok = "n" * 240
+    ok = "n" * 255
     (mnt / ok).write_bytes(b"x")
     with pytest.raises(OSError) as e:
-        (mnt / ("n" * 241)).write_bytes(b"x")
+        (mnt / ("n" * 256)).write_bytes(b"x")
     assert e.value.errno == errno.ENAMETOOLONG
     assert (mnt / ok).read_bytes() == b"x"
+
+
+def long_name(stem: str, size: int = 255) -> str:
+    """`stem` padded with multi-byte characters to exactly `size` bytes of UTF-8."""
+    name = stem
+    for char in ("文", "é", "x"):
+        while len((name + char).encode()) <= size:
+            name += char
+    return name
+
+
+def test_names_of_255_bytes(any_cluster: Cluster) -> None:
+    """File and directory names of 255 bytes of UTF-8, as ext4 and xfs allow, on every
+    store: written, read, renamed, listed, and seen by a fresh node and the store tools
+    exactly; 256 bytes is ENAMETOOLONG. An S3 key holds 1024 bytes in all, so a path of
+    four such names is ENAMETOOLONG there, at once (mkdir, create, rename)."""
+    c = any_cluster
+    s3 = c.url.startswith("s3://")
+    d1, d2 = long_name("run=ablation-7%-lr=3e-4-文-"), long_name("run=ablation-7%-final-🙂-")
+    f1, f2 = long_name("model-rank=3-of-8-%25-🙂-"), long_name("model-rank=3-%o%t-%h%n-")
+    link, top, a, b = long_name("latest-"), "%" * 255, long_name("a-"), long_name("b-")
+    blob = data(2 * CHUNK + 7, 31)
+    m = c.node()
+    os.mkdir(m / d1)
+    write(m / d1 / f1, blob)
+    write(m / top, b"top")
+    same((m / d1 / f1).read_bytes(), blob)
+    assert sorted(os.listdir(m.path)) == sorted([d1, top])
+    os.rename(m / d1 / f1, m / d1 / f2)
+    os.symlink(f2, m / d1 / link)
+    os.rename(m / d1, m / d2)  # copies every key under the directory's prefix
+    assert sorted(os.listdir(m / d2)) == sorted([f2, link])
+    same((m / d2 / link).read_bytes(), blob)
+    too_long = long_name("x", 256)
+    for call in (lambda: write(m / too_long, b"x"), lambda: os.mkdir(m / too_long),
+                 lambda: os.rename(m / top, m / too_long),
+                 lambda: os.symlink("x", m / too_long)):
+        assert errno_of(call) == errno.ENAMETOOLONG
+    assert os.statvfs(m.path).f_namemax == 255
+    # S3: run/files/<d2>/<a>/<b>/<255 bytes> is 1033 bytes; a directory store takes it
+    os.makedirs(m / d2 / a / b)
+    write(m / d2 / a / b / ("x" * 200), b"deep")
+    deepest = long_name("c-")
+    if s3:
+        assert errno_of(lambda: os.mkdir(m / d2 / a / b / deepest)) == errno.ENAMETOOLONG
+        assert errno_of(lambda: write(m / d2 / a / b / deepest, b"")) == errno.ENAMETOOLONG
+    else:
+        write(m / d2 / a / b / deepest, b"deepest")
+    os.makedirs(m / "s" / a)
+    write(m / "s" / a / b, b"moved")
+    if s3:  # run/files/<d2>/<255 bytes>/<a>/<b> would be 1033 bytes
+        assert errno_of(lambda: os.rename(m / "s", m / d2 / d1)) == errno.ENAMETOOLONG
+        assert (m / "s" / a / b).read_bytes() == b"moved"
+
+    other = c.remount(m)  # `ckptfs umount` exits 0: no op was refused by the store
+    assert sorted(os.listdir(other.path)) == sorted([d2, top, "s"])
+    assert sorted(os.listdir(other / d2)) == sorted([f2, link, a])
+    same((other / d2 / f2).read_bytes(), blob)
+    assert os.readlink(other / d2 / link) == f2
+    assert (other / top).read_bytes() == b"top"
+    assert (other / d2 / a / b / ("x" * 200)).read_bytes() == b"deep"
+    deep_names = ["x" * 200] if s3 else sorted(["x" * 200, deepest])
+    assert sorted(os.listdir(other / d2 / a / b)) == deep_names
+    if s3:  # this node never listed s/: the check lists its keys in the store
+        assert errno_of(lambda: os.rename(other / "s", other / d2 / d1)) == errno.ENAMETOOLONG
+    else:
+        os.rename(other / "s", other / d2 / d1)
+        assert (other / d2 / d1 / a / b).read_bytes() == b"moved"
+        assert any("%h" in p.name for p in c.store.rglob("*"))  # names mapped on disk
+    sync(other)
+
+    r = run_cli("ls", c.url, *c.extra, "--json")
+    shown = {f["path"] for f in json.loads(r.stdout)}
+    assert {f"{d2}/{f2}", f"{d2}/{link}", top, f"{d2}/{a}/{b}/{'x' * 200}"} <= shown
+    assert run_cli("latest", c.url, *c.extra, "--pattern", "run=*").stdout == d2 + "\n"
+    assert "complete: " in run_cli("verify", c.url, d2, *c.extra).stdout
+    assert run_cli("fsck", c.url, *c.extra).returncode == 0
 
 
 # ------------------------------------------------------------------------------ xattrs

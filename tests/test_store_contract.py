@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from seaweed import SeaweedServer
 from ckptfs.errors import (
     ConfigError,
     InvalidKeyError,
+    KeyTooLongError,
     NotFoundError,
     PermanentStoreError,
     StoreError,
@@ -254,6 +256,84 @@ def test_concurrent_puts_and_deletes(store: Store) -> None:
     assert store.get("conc/shared") in {value(t, 11) for t in range(16)}  # some thread's last
 
 
+def long_name(stem: str, size: int = 255) -> str:
+    """`stem` padded with multi-byte characters to exactly `size` bytes of UTF-8."""
+    name = stem
+    for char in ("文", "é", "x"):
+        while len((name + char).encode()) <= size:
+            name += char
+    return name
+
+
+#: names of 253 to 255 bytes, the longest a file name has on ext4 or xfs
+LONG_NAMES = [
+    "a" * 255,
+    "é" * 127 + "x",
+    "文" * 85,
+    "🙂" * 63 + "abc",
+    "%" * 255,  # 765 bytes once the local store escapes it
+    long_name("step=1000%-rank=3%25-%o%t-%h%n-"),  # like the local store's own marks
+    "b" * 254,  # one byte too long for the local store's object file name, not for a directory
+    "c" * 253,  # fits the local store's object file name as it is
+]
+
+
+def test_long_names(store: Store) -> None:
+    """Names of up to 255 bytes as last and middle key segments: put, get, head, list
+    (with and without delimiter, from any prefix), copy and delete see the real names."""
+    objects: dict[str, bytes] = {}
+    for i, name in enumerate(LONG_NAMES):
+        assert len(name.encode()) in (253, 254, 255)
+        objects[f"top/{name}"] = f"top {i}".encode()
+        objects[f"dirs/{name}/"] = b""
+        objects[f"dirs/{name}/{LONG_NAMES[-1 - i]}/leaf"] = f"leaf {i}".encode()
+    put_all(store, objects)
+    for key, value in objects.items():
+        store.check_length(key)
+        assert store.get(key) == value and store.head(key) == len(value)
+        assert store.get_range(key, 1, 3) == value[1:3]
+    sizes = sorted((k, len(v)) for k, v in objects.items())
+    assert store.list("", None) == Listing(sizes, [])
+    assert store.list("top/") == Listing([(k, n) for k, n in sizes if k[:4] == "top/"], [])
+    assert store.list("dirs/") == Listing([], sorted(f"dirs/{n}/" for n in LONG_NAMES))
+    for i, name in enumerate(LONG_NAMES):
+        middle = f"dirs/{name}/{LONG_NAMES[-1 - i]}/"
+        assert store.list(f"dirs/{name}/") == Listing([(f"dirs/{name}/", 0)], [middle])
+        assert store.list(middle) == Listing([(middle + "leaf", len(objects[middle + "leaf"]))])
+    assert keys_of(store.list("top/%").objects) == ["top/" + "%" * 255]
+    assert store.list("dirs/🙂").prefixes == [f"dirs/{LONG_NAMES[3]}/"]
+    assert keys_of(store.list("dirs/🙂", None).objects) == [
+        f"dirs/{LONG_NAMES[3]}/", f"dirs/{LONG_NAMES[3]}/{LONG_NAMES[4]}/leaf"]
+    copies = {f"copied/{name}/{name}": objects[f"top/{name}"] for name in LONG_NAMES}
+    for key in copies:
+        store.copy("top/" + key.rpartition("/")[2], key)
+    assert store.list("copied/").prefixes == sorted(f"copied/{n}/" for n in LONG_NAMES)
+    for key, value in copies.items():
+        assert store.get(key) == value
+    store.delete_many(sorted(objects, reverse=True))
+    for key in copies:
+        store.delete(key)
+    assert store.list("", None) == Listing([], [])
+
+
+def test_concurrent_puts_and_deletes_under_long_names(store: Store) -> None:
+    """Directories of long names (mapped by the local store: each has a '%') emptied by
+    some threads while another writes in them: every object is listed in the end."""
+    subs = [long_name(f"sub-{k}%-") for k in range(24)]
+
+    def work(t: int) -> None:
+        for j, sub in enumerate(subs):
+            store.put(f"conc/{sub}/k{t}", b"x")
+            if j % 8 != t:  # thread j % 8 keeps its object in directory j
+                store.delete(f"conc/{sub}/k{t}")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))
+    kept = sorted(f"conc/{sub}/k{j % 8}" for j, sub in enumerate(subs))
+    assert keys_of(store.list("", None).objects) == kept
+    assert store.list("conc/").prefixes == sorted(f"conc/{sub}/" for sub in subs)
+
+
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_parent_is_one_level_up(kind: str, request: pytest.FixtureRequest) -> None:
     """parent(): the directory or key prefix one level up, up to the top (None there)."""
@@ -411,6 +491,103 @@ def test_local_leaves_no_temp_files(local_store: LocalStore) -> None:
     assert temp_files(local_store.root) == []
 
 
+def mapped_name(segment: str, head: str) -> str:
+    """What the local store names a segment too long for a file name (docs/FORMAT.md)."""
+    return head + "%h" + hashlib.sha256(segment.encode()).hexdigest()[:32]
+
+
+def test_local_long_name_layout(local_store: LocalStore) -> None:
+    """Segments too long for a file name are mapped, with their name in a file beside:
+    the mapping is part of the on-disk format, so pin it. Names that fit are unchanged."""
+    e255, pct, b254, c253 = "é" * 127 + "x", "%" * 255, "b" * 254, "c" * 253
+    m_e255, m_pct, m_b254 = (mapped_name(e255, "é" * 100), mapped_name(pct, "%25" * 66),
+                             mapped_name(b254, "b" * 200))
+    keys = [f"files/{e255}/{pct}", f"files/{pct}/y", f"files/{b254}", f"files/{b254}/x",
+            f"files/{c253}", f"files/{e255}"]
+    for key in keys:
+        local_store.put(key, key.encode())
+    root = local_store.root
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    assert files == sorted([
+        f"files/{e255}/{m_pct}%o",  # the directory's 255 bytes fit, the object's 767 do not
+        f"files/{e255}/{m_pct}%n",
+        f"files/{m_pct}/y%o",  # a directory of 765 bytes once escaped
+        f"files/{m_pct}%n",
+        f"files/{m_b254}%o",  # 254 + 2 bytes
+        f"files/{m_b254}%n",
+        f"files/{b254}/x%o",  # a directory of 254 bytes fits
+        f"files/{c253}%o",  # 253 + 2 bytes fit
+        f"files/{m_e255}%o",
+        f"files/{m_e255}%n",
+    ])
+    assert all(len(name.encode()) <= 255 for p in root.rglob("*") for name in [p.name])
+    assert (root / "files" / f"{m_pct}%n").read_bytes() == pct.encode()
+    assert (root / "files" / f"{m_b254}%n").read_bytes() == b254.encode()
+    assert keys_of(local_store.list("", None).objects) == sorted(keys)
+    assert local_store.list("files/").prefixes == sorted(f"files/{n}/" for n in (e255, pct, b254))
+    # a mapped name whose name file is missing, or names another segment, is not listed
+    (root / "files" / f"{m_pct}%n").unlink()
+    (root / "files" / f"{m_b254}%n").write_bytes(c253.encode())
+    assert local_store.list("files/").prefixes == sorted([f"files/{e255}/", f"files/{b254}/"])
+    assert keys_of(local_store.list("files/").objects) == [f"files/{c253}", f"files/{e255}"]
+    assert local_store.get(f"files/{pct}/y") == f"files/{pct}/y".encode()  # still there
+    local_store.put(f"files/{pct}/z", b"z")  # a put writes a missing name file again
+    assert local_store.list("files/").prefixes == sorted(f"files/{n}/" for n in (e255, pct, b254))
+    for key in [*keys, f"files/{pct}/z"]:
+        local_store.delete(key)
+    assert list(root.iterdir()) == []  # name files go with their last object
+
+
+def test_local_name_files_survive_racing_deletes(
+    local_store: LocalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete of the last object under a mapped directory removes the directory and its
+    name file; a put racing with it writes the name file again, on either side."""
+    sub = long_name("sub%-")
+    real_publish, real_unlink = LocalStore._publish, Path.unlink
+
+    def publish_after_delete(self: LocalStore, path: Path, fill: Callable[[int], None]) -> None:
+        if path.name == "new%o":  # the put found the name file, then the delete ran
+            local_store.delete(f"d/{sub}/old")
+        real_publish(self, path, fill)
+
+    local_store.put(f"d/{sub}/old", b"x")
+    monkeypatch.setattr(LocalStore, "_publish", publish_after_delete)
+    local_store.put(f"d/{sub}/new", b"y")
+    monkeypatch.undo()
+    assert keys_of(local_store.list("", None).objects) == [f"d/{sub}/new"]
+
+    def unlink_after_put(self: Path, missing_ok: bool = False) -> None:
+        if self.name.endswith("%n"):  # the delete found no user of the name, then a put ran
+            monkeypatch.undo()
+            local_store.put(f"d/{sub}/newer", b"z")
+        real_unlink(self, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink_after_put)
+    local_store.delete(f"d/{sub}/new")
+    monkeypatch.undo()
+    assert keys_of(local_store.list("", None).objects) == [f"d/{sub}/newer"]
+
+
+def test_local_path_too_long(local_store: LocalStore) -> None:
+    """A key whose files would have paths longer than PATH_MAX is refused before any I/O."""
+    room = 4095 - len(os.fsencode(str(local_store.root))) - len("/x%t-0123456789abcdef")
+    depth = (room - 1) // 251
+    last_dir = room - 251 * depth  # its '/' included
+    fits = "/".join(["d" * 250] * depth + ["e" * (last_dir - 1), "x"])
+    too_long = "/".join(["d" * 250] * depth + ["e" * last_dir, "x"])
+    local_store.check_length(fits)
+    local_store.put(fits, b"just fits")
+    assert local_store.get(fits) == b"just fits"
+    local_store.delete(fits)
+    for call in (lambda: local_store.check_length(too_long),
+                 lambda: local_store.put(too_long, b"x"),
+                 lambda: local_store.copy(fits, too_long)):
+        with pytest.raises(KeyTooLongError, match="paths of 4096 bytes"):
+            call()
+    assert list(local_store.root.iterdir()) == []
+
+
 # -- S3Store
 
 
@@ -489,6 +666,24 @@ def test_s3_without_credentials_is_permanent(
     store = S3Store("bucket", endpoint_url=f"http://127.0.0.1:{free_port()}", region="us-east-1")
     with pytest.raises(PermanentStoreError, match="Unable to locate credentials"):
         store.get("k")
+
+
+def test_s3_key_length_limit(s3_store: S3Store) -> None:
+    """S3 keys have at most 1024 bytes with the prefix: a longer one is refused before any
+    request, with KeyTooLongError (an InvalidKeyError: the filesystem answers ENAMETOOLONG)."""
+    room = 1024 - len(s3_store.prefix.encode())
+    stem = "/".join(["é" * 127 + "x"] * 3) + "/"
+    fits = stem + "q" * (room - len(stem.encode()))
+    s3_store.put(fits, b"fits")
+    assert s3_store.get(fits) == b"fits"
+    for call in (lambda: s3_store.check_length(fits + "q"),
+                 lambda: s3_store.put(fits + "q", b"x"),
+                 lambda: s3_store.copy(fits, fits + "q")):
+        with pytest.raises(KeyTooLongError, match="1025 bytes with the prefix"):
+            call()
+    assert s3_store.list("", None).objects == [(fits, 4)]
+    with pytest.raises(KeyTooLongError, match="KeyTooLongError"):  # SeaweedFS: 255 per segment
+        s3_store.put("k/" + "w" * 256, b"x")
 
 
 def test_s3_prefix_isolation(seaweed: SeaweedServer) -> None:

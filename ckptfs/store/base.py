@@ -88,6 +88,13 @@ class Store(abc.ABC):
         `prefixes` (each ending in '/'), as S3 does. With None, the listing is recursive.
         """
 
+    def check_length(self, key: str) -> None:
+        """Raise KeyTooLongError if the store cannot hold `key` because it is too long as
+        a whole (S3: 1024 bytes with the prefix; a directory store: the longest path its
+        file system takes). No I/O. put() and copy() check their target key so; the
+        filesystem checks before it accepts a name, to answer ENAMETOOLONG at once."""
+        return None  # this store has no such limit
+
     def local_path(self, key: str) -> str | None:
         """The object's file, for a store on a local or shared file system (None for
         others): a reader can then read the bytes where they are instead of copying them."""
@@ -113,6 +120,10 @@ class AsyncStore:
     def __init__(self, store: Store, limiter: trio.CapacityLimiter) -> None:
         self.store = store
         self.limiter = limiter
+
+    def check_length(self, key: str) -> None:
+        """Store.check_length (no I/O, so not in a thread)."""
+        self.store.check_length(key)
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """Run any blocking callable behind this store's limiter."""

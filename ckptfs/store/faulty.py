@@ -149,6 +149,9 @@ class FaultyStore(Store):
         self._enter("copy")
         self.inner.copy(src, dst)
 
+    def check_length(self, key: str) -> None:
+        self.inner.check_length(key)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -4,18 +4,38 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..errors import InvalidKeyError, NotFoundError, PermanentStoreError, TransientStoreError
+from ..errors import (
+    InvalidKeyError,
+    KeyTooLongError,
+    NotFoundError,
+    PermanentStoreError,
+    TransientStoreError,
+)
 from .base import Listing, Store, check_key
 
 #: suffix of every object file; escaped names never contain it, so it never names a directory
 OBJECT_SUFFIX = "%o"
 #: marks a temp file being written (followed by random hex); never listed
 TEMP_MARK = "%t-"
+#: the longest file name, in bytes, on the file systems stores live on (ext4, xfs, NFS, Lustre)
+NAME_MAX = 255
+#: the longest path, in bytes, that a system call takes (Linux PATH_MAX without its NUL)
+PATH_MAX = 4095
+#: a temp file's name keeps at most this many bytes of its target's stem: NAME_MAX in all
+TEMP_STEM = NAME_MAX - len(TEMP_MARK) - 16
+#: in the file name of a mapped segment (one whose escaped file name is too long):
+#: <head>%h<32 hex digits>; no escaped name contains it
+MAPPED_MARK = "%h"
+#: a mapped segment's file name keeps this many bytes of its escaped name, for people
+MAPPED_HEAD = 200
+#: suffix of the file beside a mapped segment that holds the segment itself (in UTF-8)
+NAME_SUFFIX = "%n"
 #: errnos that retrying cannot fix
 PERMANENT_ERRNOS = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG}
@@ -26,13 +46,65 @@ COPY_BUFFER = 1 << 20
 
 
 def escape(segment: str) -> str:
-    """A key segment as a file name: '%' becomes '%25', so '%o' and '%t-' never appear."""
+    """A key segment as a file name: '%' becomes '%25', so that '%o', '%t-', '%h' and
+    '%n' never appear in it."""
     return segment.replace("%", "%25")
 
 
 def unescape(name: str) -> str:
     """Inverse of escape()."""
     return name.replace("%25", "%")
+
+
+def utf8(text: str) -> bytes:
+    """A key segment or file name as the bytes the kernel sees."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def cut(text: str, limit: int) -> str:
+    """The longest prefix of `text` that has at most `limit` bytes."""
+    size = 0
+    for i, char in enumerate(text):
+        size += len(utf8(char))
+        if size > limit:
+            return text[:i]
+    return text
+
+
+def mapped(segment: str) -> str:
+    """The mapped form of a key segment: as much of its escaped name as fits in MAPPED_HEAD
+    bytes (whole characters, whole escapes), MAPPED_MARK, and the first 32 hex digits of
+    the SHA-256 of its UTF-8 bytes. At most 234 bytes, so that the suffixes fit."""
+    head: list[str] = []
+    size = 0
+    for char in segment:
+        part = escape(char)
+        size += len(utf8(part))
+        if size > MAPPED_HEAD:
+            break
+        head.append(part)
+    return "".join(head) + MAPPED_MARK + hashlib.sha256(utf8(segment)).hexdigest()[:32]
+
+
+def file_name(segment: str, suffix: str) -> str:
+    """The file name of a key segment: escape(segment) + suffix (OBJECT_SUFFIX for an
+    object, "" for a directory) or, when that is longer than NAME_MAX bytes,
+    mapped(segment) + suffix. Names that fit are never mapped."""
+    name = escape(segment) + suffix
+    return name if len(utf8(name)) <= NAME_MAX else mapped(segment) + suffix
+
+
+def temp_name(name: str) -> str:
+    """A temp file's name for the file `name`: its stem (without the 2-character suffix)
+    cut to TEMP_STEM bytes, TEMP_MARK and 16 random hex digits."""
+    return f"{cut(name[:-2], TEMP_STEM)}{TEMP_MARK}{secrets.token_hex(8)}"
+
+
+def written_length(path: Path) -> int:
+    """Bytes of the longest path a write of the file `path` uses (the file or its temp)."""
+    name = len(utf8(path.name))
+    temp = min(name - 2, TEMP_STEM) + NAME_MAX - TEMP_STEM
+    return len(utf8(str(path.parent))) + 1 + max(name, temp)
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -60,7 +132,8 @@ def fsync_dir(path: Path) -> None:
 
 
 class LocalStore(Store):
-    """Objects as files under `root`: key 'a/b' is the file 'a/b%o' (see escape())."""
+    """Objects as files under `root`: key 'a/b' is the file 'a/b%o' (see escape()); a
+    segment too long for a file name is mapped (see file_name())."""
 
     def __init__(self, root: str | Path, fsync: bool = True) -> None:
         self.root = Path(os.path.abspath(root))
@@ -75,15 +148,37 @@ class LocalStore(Store):
 
     def _path(self, key: str) -> Path:
         """The object file of `key`; InvalidKeyError if the key is unsafe."""
+        return self._locate(key)[0]
+
+    def _locate(self, key: str) -> tuple[Path, list[tuple[Path, str]]]:
+        """The object file of `key`, and for each mapped segment on its way, the file that
+        keeps the segment's name and the segment; InvalidKeyError if the key is unsafe."""
         *dirs, last = check_key(key).split("/")
-        return self._checked(self.root.joinpath(*map(escape, dirs), escape(last) + OBJECT_SUFFIX))
+        path = self.root
+        names: list[tuple[Path, str]] = []
+        for i, segment in enumerate([*dirs, last]):
+            name = file_name(segment, "" if i < len(dirs) else OBJECT_SUFFIX)
+            if MAPPED_MARK in name:
+                names.append((path / (mapped(segment) + NAME_SUFFIX), segment))
+            path = path / name
+        return self._checked(path), names
 
     def _dir(self, dir_prefix: str) -> Path:
         """The directory of a prefix ending in '/' (or of '')."""
         if not dir_prefix:
             return self.root
         check_key(dir_prefix)
-        return self._checked(self.root.joinpath(*map(escape, dir_prefix.split("/")[:-1])))
+        segments = dir_prefix.split("/")[:-1]
+        return self._checked(self.root.joinpath(*(file_name(s, "") for s in segments)))
+
+    def check_length(self, key: str) -> None:
+        self._check_length(key, *self._locate(key))
+
+    def _check_length(self, key: str, path: Path, names: list[tuple[Path, str]]) -> None:
+        longest = max(written_length(p) for p in [path, *(n for n, _ in names)])
+        if longest > PATH_MAX:
+            raise KeyTooLongError(f"key too long for {self.url}: its files would have paths "
+                                  f"of {longest} bytes, the limit is {PATH_MAX}: {key}")
 
     def _checked(self, path: Path) -> Path:
         """`path` if it is inside the root, else InvalidKeyError."""
@@ -119,9 +214,8 @@ class LocalStore(Store):
         """Create a temp file next to `path`: (its path, an fd, directories created)."""
         created: list[Path] = []
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        stem = path.name[: -len(OBJECT_SUFFIX)]
         for _ in range(MKDIR_ATTEMPTS):
-            tmp = path.with_name(f"{stem}{TEMP_MARK}{secrets.token_hex(8)}")
+            tmp = path.with_name(temp_name(path.name))
             try:
                 created += self._make_dirs(path.parent)
                 return tmp, os.open(tmp, flags, 0o644), created
@@ -156,14 +250,53 @@ class LocalStore(Store):
         self.put_parts(key, [data])
 
     def put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        path = self._path(key)
+        write = self._writer(key)
         with self._errors("put", key):
-            self._publish(path, lambda fd: write_parts(fd, parts))
+            write(lambda fd: write_parts(fd, parts))
 
     def copy(self, src: str, dst: str) -> None:
-        src_path, dst_path = self._path(src), self._path(dst)
+        src_path, write = self._path(src), self._writer(dst)
         with self._errors("copy", src), open(src_path, "rb", buffering=0) as f:
-            self._publish(dst_path, lambda fd: _copy_fd(f.fileno(), fd))
+            write(lambda fd: _copy_fd(f.fileno(), fd))
+
+    def _writer(self, key: str) -> Callable[[Callable[[int], None]], None]:
+        """A function that writes the object `key` with `fill(fd)`, together with the name
+        files of its mapped segments; KeyTooLongError (before any I/O) if it cannot fit."""
+        path, names = self._locate(key)
+        self._check_length(key, path, names)
+
+        def write(fill: Callable[[int], None]) -> None:
+            # names first, so that a crash never leaves an object without its name; then
+            # again, since a concurrent delete of their last user may have removed them
+            for name_path, segment in names:
+                self._keep_name(name_path, segment)
+            self._publish(path, fill)
+            for name_path, segment in names:
+                self._keep_name(name_path, segment)
+
+        return write
+
+    def _keep_name(self, name_path: Path, segment: str) -> None:
+        """Write the name file of a mapped segment unless it exists."""
+        if not name_path.exists():
+            self._publish(name_path, lambda fd: write_all(fd, utf8(segment)))
+
+    def _drop_name(self, directory: Path, stem: str, segment: str) -> None:
+        """Delete the name file of the mapped segment `stem` in `directory` once neither
+        its object nor its directory exists (best effort). A put racing with this may have
+        created one meanwhile: then the name is written again."""
+        name_path = directory / (stem + NAME_SUFFIX)
+
+        def used() -> bool:
+            return (directory / (stem + OBJECT_SUFFIX)).exists() or (directory / stem).is_dir()
+
+        with contextlib.suppress(OSError):
+            if used():
+                return
+            with contextlib.suppress(FileNotFoundError):
+                name_path.unlink()
+            if used():
+                self._keep_name(name_path, segment)
 
     # -- reading
 
@@ -193,21 +326,28 @@ class LocalStore(Store):
     # -- deleting
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        path, names = self._locate(key)
         with self._errors("delete", key):
             try:
                 path.unlink()
             except FileNotFoundError:
                 return
-        self._prune(path.parent)
+        segments = {name_path.name[: -len(NAME_SUFFIX)]: s for name_path, s in names}
+        stem = path.name[: -len(OBJECT_SUFFIX)]
+        if stem in segments:
+            self._drop_name(path.parent, stem, segments[stem])
+        self._prune(path.parent, segments)
 
-    def _prune(self, path: Path) -> None:
-        """Remove `path` and its parents below the root while they are empty (best effort)."""
+    def _prune(self, path: Path, segments: dict[str, str]) -> None:
+        """Remove `path` and its parents below the root while they are empty, with the
+        name files of mapped ones (`segments`: file name -> segment); best effort."""
         while path != self.root:
             try:
                 path.rmdir()
             except OSError:
                 return
+            if path.name in segments:
+                self._drop_name(path.parent, path.name, segments[path.name])
             path = path.parent
 
     # -- listing
@@ -251,9 +391,10 @@ def _pread(fd: int, start: int, size: int) -> bytes:
 
 
 def _entries(directory: Path) -> Iterator[tuple[os.DirEntry[str], str, bool]]:
-    """(entry, unescaped key segment, is an object) for each object file and subdirectory.
+    """(entry, key segment, is an object) for each object file and subdirectory.
 
-    Temp files and foreign files are skipped; a directory that vanished is empty.
+    Temp files, name files and foreign files are skipped, and so are mapped names whose
+    name file is missing or does not map back to them; a directory that vanished is empty.
     """
     try:
         with os.scandir(directory) as it:
@@ -264,9 +405,26 @@ def _entries(directory: Path) -> Iterator[tuple[os.DirEntry[str], str, bool]]:
         if TEMP_MARK in entry.name:
             continue
         if entry.name.endswith(OBJECT_SUFFIX):
-            yield entry, unescape(entry.name[: -len(OBJECT_SUFFIX)]), True
+            stem, suffix = entry.name[: -len(OBJECT_SUFFIX)], OBJECT_SUFFIX
         elif entry.is_dir(follow_symlinks=False):
-            yield entry, unescape(entry.name), False
+            stem, suffix = entry.name, ""
+        else:
+            continue
+        if MAPPED_MARK not in stem:
+            yield entry, unescape(stem), suffix == OBJECT_SUFFIX
+        elif (segment := _mapped_segment(directory, stem)) is not None and (
+                file_name(segment, suffix) == entry.name):
+            yield entry, segment, suffix == OBJECT_SUFFIX
+
+
+def _mapped_segment(directory: Path, stem: str) -> str | None:
+    """The segment a mapped file name stands for, from its name file (None if missing)."""
+    try:
+        blob = (directory / (stem + NAME_SUFFIX)).read_bytes()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    segment = blob.decode("utf-8", "surrogateescape")
+    return None if "/" in segment or segment in ("", ".", "..") else segment
 
 
 def _append_object(objects: list[tuple[str, int]], key: str, entry: os.DirEntry[str]) -> None:

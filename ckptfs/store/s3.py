@@ -22,7 +22,13 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from ..errors import NotFoundError, PermanentStoreError, StoreError, TransientStoreError
+from ..errors import (
+    KeyTooLongError,
+    NotFoundError,
+    PermanentStoreError,
+    StoreError,
+    TransientStoreError,
+)
 from .base import Listing, Store, check_key
 
 #: error codes of a missing object
@@ -50,6 +56,8 @@ PERMANENT_BOTOCORE = (
 )
 #: most keys one DeleteObjects request may carry
 DELETE_BATCH = 1000
+#: the longest object key S3 allows, in bytes of UTF-8, the store's prefix included
+MAX_KEY_BYTES = 1024
 
 
 def error_class(code: str, status: int) -> type[StoreError]:
@@ -134,6 +142,12 @@ class S3Store(Store):
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
 
+    def check_length(self, key: str) -> None:
+        size = len(self._key(key).encode("utf-8", "surrogateescape"))
+        if size > MAX_KEY_BYTES:
+            raise KeyTooLongError(f"key too long for {self.url}: {size} bytes with the "
+                                  f"prefix, S3 allows {MAX_KEY_BYTES}: {key}")
+
     def _where(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key} at {self.endpoint}"
 
@@ -144,6 +158,8 @@ class S3Store(Store):
             yield
         except ClientError as e:
             code, status = error_code(e)
+            if code == "KeyTooLongError":  # e.g. SeaweedFS: 255 bytes per segment
+                raise KeyTooLongError(f"S3 {op} {self._where(key)}: {code}") from e
             cls = error_class(code, status)
             raise cls(f"S3 {op} {self._where(key)}: {code or 'error'} (HTTP {status})") from e
         except PERMANENT_BOTOCORE as e:
@@ -171,6 +187,7 @@ class S3Store(Store):
                 ) from e
 
     def put(self, key: str, data: bytes | memoryview) -> None:
+        self.check_length(key)
         body = bytes(data) if isinstance(data, memoryview) else data
         with self._errors("put", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
@@ -247,6 +264,7 @@ class S3Store(Store):
         return Listing(sorted(objects), sorted(prefixes))
 
     def copy(self, src: str, dst: str) -> None:
+        self.check_length(dst)
         with self._errors("copy", src):
             self._client.copy_object(
                 Bucket=self.bucket,
