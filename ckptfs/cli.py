@@ -55,7 +55,8 @@ def cmd_mount(a: argparse.Namespace) -> int:
         uploads_while_writing=a.uploads_while_writing,
         metadata_ttl=a.metadata_ttl, missing_chunk_timeout=a.missing_chunk_timeout,
         fsync_to_store=a.fsync_to_store, allow_other=a.allow_other,
-        foreground=a.foreground, debug=a.debug, node_id=a.node_id or "")
+        foreground=a.foreground, debug=a.debug, node_id=a.node_id or "",
+        storage_class=a.storage_class)
     from . import mount  # imports pyfuse3: only for this command
 
     if cfg.foreground:
@@ -600,6 +601,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--region", help="S3 region (default: the AWS config chain)")
     m.add_argument("--chunk-size", help="chunk size of a NEW store (default 16M); an "
                    "existing store keeps its own (a warning says so when they differ)")
+    m.add_argument("--storage-class", metavar="CLASS",
+                   help="S3 storage class of chunk objects, e.g. STANDARD_IA or "
+                   "INTELLIGENT_TIERING (default: the bucket's); manifests stay in the "
+                   "bucket's default class. s3:// stores only")
     m.add_argument("--upload-threads", type=int, default=8)
     m.add_argument("--uploads-while-writing", type=int, default=None, metavar="N",
                    help="uploads that may run while a save streams in; the rest wait until "

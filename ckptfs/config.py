@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
+#: S3 storage classes for chunk objects: those whose objects can be read at once (the
+#: archive classes GLACIER and DEEP_ARCHIVE need a restore before every read)
+STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING",
+                   "GLACIER_IR", "REDUCED_REDUNDANCY")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -51,6 +55,7 @@ class MountConfig:
     foreground: bool = False
     debug: bool = False
     node_id: str = ""
+    storage_class: str | None = None  # S3 storage class of chunk objects
 
     def __post_init__(self) -> None:
         if not self.node_id:
@@ -60,3 +65,11 @@ class MountConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
             raise ConfigError("--uploads-while-writing must be at least 0")
+        if self.storage_class is not None:
+            self.storage_class = self.storage_class.upper()
+            if self.storage_class not in STORAGE_CLASSES:
+                archive = self.storage_class in ("GLACIER", "DEEP_ARCHIVE")
+                why = (" (an archive class: its objects cannot be read without a restore)"
+                       if archive else "")
+                raise ConfigError(f"--storage-class {self.storage_class} is not usable for "
+                                  f"chunks{why}; use one of {', '.join(STORAGE_CLASSES)}")

@@ -169,10 +169,14 @@ def prepare(cfg: MountConfig) -> Prepared:
     """Open and check everything; ConfigError/StoreError/FormatError with one-line messages."""
     check_mountpoint(cfg.mountpoint)
     store = open_store(cfg.store, endpoint_url=cfg.endpoint_url, region=cfg.region,
-                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads + 40)
+                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads + 40,
+                       storage_class=cfg.storage_class)
     check = getattr(store, "check", None)
     if check is not None:
         check()
+    check_storage_class = getattr(store, "check_storage_class", None)
+    if check_storage_class is not None:
+        check_storage_class()
     if cfg.chunk_size is not None:
         try:
             FixedChunker(cfg.chunk_size)

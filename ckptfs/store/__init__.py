@@ -29,9 +29,14 @@ def open_store(
     endpoint_url: str | None = None,
     region: str | None = None,
     max_pool_connections: int = 32,
+    storage_class: str | None = None,
 ) -> Store:
-    """The store at `url`: s3://bucket[/prefix], file:///abs/path, or a directory path."""
+    """The store at `url`: s3://bucket[/prefix], file:///abs/path, or a directory path.
+
+    `storage_class`: the S3 storage class of chunk objects (S3 stores only)."""
     scheme, sep, rest = url.partition("://")
+    if storage_class and scheme.lower() != "s3":
+        raise ConfigError(f"--storage-class applies to s3:// stores only, not {url}")
     if not sep:
         return _open_directory(os.path.expanduser(url))
     if scheme.lower() == "file":
@@ -44,7 +49,8 @@ def open_store(
             raise ConfigError(f"store URL names no bucket: {url}")
         from .s3 import S3Store
 
-        return S3Store(bucket, prefix, endpoint_url, region, max_pool_connections)
+        return S3Store(bucket, prefix, endpoint_url, region, max_pool_connections,
+                       chunk_storage_class=storage_class)
     raise ConfigError(f"unsupported store URL (want s3://, file:// or a path): {url}")
 
 

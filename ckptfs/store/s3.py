@@ -23,12 +23,14 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from ..errors import (
+    ConfigError,
     KeyTooLongError,
     NotFoundError,
     PermanentStoreError,
     StoreError,
     TransientStoreError,
 )
+from ..manifests import CHUNKS
 from .base import Listing, Store, check_key
 
 #: error codes of a missing object
@@ -104,8 +106,11 @@ class S3Store(Store):
         max_pool_connections: int = 32,
         connect_timeout: float = 5,
         read_timeout: float = 60,
+        chunk_storage_class: str | None = None,
     ) -> None:
         self.bucket = bucket
+        # S3 storage class of chunk objects (all other objects: the bucket's default)
+        self.chunk_storage_class = chunk_storage_class
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
         config = Config(
@@ -189,8 +194,27 @@ class S3Store(Store):
     def put(self, key: str, data: bytes | memoryview) -> None:
         self.check_length(key)
         body = bytes(data) if isinstance(data, memoryview) else data
+        chunk = key.startswith(CHUNKS)
+        self._put(key, body, self.chunk_storage_class if chunk else None)
+
+    def _put(self, key: str, body: bytes, storage_class: str | None) -> None:
+        extra = {"StorageClass": storage_class} if storage_class else {}
         with self._errors("put", key):
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body,
+                                    **extra)
+
+    def check_storage_class(self) -> None:
+        """PUT (and delete) a small probe object with the chunk storage class, so that a
+        class the server refuses is a one-line error at mount, not a failing upload."""
+        if not self.chunk_storage_class:
+            return
+        probe = "ckptfs-storage-class-probe"
+        try:
+            self._put(probe, b"probe", self.chunk_storage_class)
+        except StoreError as e:
+            raise ConfigError(f"the store refused --storage-class "
+                              f"{self.chunk_storage_class}: {e}") from None
+        self.delete(probe)
 
     def get(self, key: str) -> bytes:
         with self._errors("get", key):
