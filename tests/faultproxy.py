@@ -39,17 +39,6 @@ class Request:
     status: int = 0  # 0 while in progress; 503 when a SlowDown was injected
 
 
-def max_overlap(requests: list[Request]) -> int:
-    """The most of `requests` that were in progress at one moment."""
-    events = sorted([(r.start, 1) for r in requests] + [(r.end, -1) for r in requests],
-                    key=lambda e: (e[0], e[1]))  # an end before a start at the same time
-    most = now = 0
-    for _, step in events:
-        now += step
-        most = max(most, now)
-    return most
-
-
 class FaultProxy:
     """An HTTP proxy on the loopback in front of an S3 server that injects S3 faults.
 
@@ -121,6 +110,10 @@ class FaultProxy:
     def delay(self, seconds: float, match: Match) -> None:
         with self.lock:
             self.delay_seconds, self.delay_match = seconds, match
+
+    def intervals(self, match: Match, status: int | None = 200) -> list[tuple[float, float]]:
+        """(start, end) of the finished requests that `match` (support.max_overlap)."""
+        return [(r.start, r.end) for r in self.requests_where(match, status)]
 
     def requests_where(self, match: Match, status: int | None = None) -> list[Request]:
         """The requests logged so far that `match` (and got `status`, if given)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import trio
@@ -15,12 +16,21 @@ from ckptfs.store.local import LocalStore
 
 
 class RecordingStore(FaultyStore):
-    """FaultyStore that also logs successful writes in order and every delete_many batch."""
+    """FaultyStore that also logs successful writes in order, every delete_many batch,
+    and when each GET ran (support.max_overlap tells how many ran at once)."""
 
     def __init__(self, inner: LocalStore) -> None:
         super().__init__(inner, max_hang=10.0)
         self.log: list[tuple[str, str]] = []
         self.batches: list[list[str]] = []
+        self.get_intervals: list[tuple[float, float]] = []
+
+    def get(self, key: str) -> bytes:
+        start = time.monotonic()
+        try:
+            return super().get(key)
+        finally:
+            self.get_intervals.append((start, time.monotonic()))
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         super().put(key, data)

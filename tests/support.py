@@ -1,11 +1,11 @@
 """Helpers every tier shares: the one way to wait for a condition (a sync and a trio
-version) and the one generator of test bytes."""
+version), the one generator of test bytes, and how many calls overlapped in time."""
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import trio
 
@@ -48,3 +48,14 @@ def random_bytes(size: int, seed: int | None = None) -> bytes:
     """`size` incompressible bytes: the same for the same seed; without a seed, new ones
     at every call (two calls never share a chunk, so nothing is deduplicated)."""
     return random.Random(seed).randbytes(size)
+
+
+def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
+    """The most of the (start, end) intervals that were in progress at one moment: how
+    many requests really ran in parallel (measured, not inferred from a wall-clock)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _, step in events:  # at equal times an end (-1) sorts before a start (+1)
+        now += step
+        most = max(most, now)
+    return most

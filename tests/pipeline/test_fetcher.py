@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 from pipeline_helpers import RecordingStore, put_chunk, run
-from support import random_bytes, wait_until_async
+from support import max_overlap, random_bytes, wait_until_async
 
 from ckptfs import codec
 from ckptfs.cache import LocalCache
@@ -141,7 +141,8 @@ def test_fetcher_corrupt_chunk(store: RecordingStore, cache: LocalCache, how: st
         async with trio.open_nursery() as n:
             for _ in range(3):
                 n.start_soon(reader)
-        assert time.monotonic() - start < 0.4  # at once, not after missing_timeout
+        # at once, not after the 60 s missing_timeout (a wide margin for a loaded machine)
+        assert time.monotonic() - start < 20
         assert got == [] and len(raised) == 3
         assert store.counts["get"] == 1  # not retried
         assert not cache.has(h) and cache.locate(h) is None
@@ -155,7 +156,7 @@ def test_fetcher_corrupt_chunk(store: RecordingStore, cache: LocalCache, how: st
         put_chunk(store, data)
         assert await read_chunk(f, h, len(data)) == data
 
-    run(lambda: with_fetcher(store, cache, body))
+    run(lambda: with_fetcher(store, cache, body, missing_timeout=60.0))
 
 
 def test_fetcher_missing_chunk_times_out(store: RecordingStore, cache: LocalCache) -> None:
@@ -166,11 +167,13 @@ def test_fetcher_missing_chunk_times_out(store: RecordingStore, cache: LocalCach
         with pytest.raises(MissingChunkError, match="not in the store"):
             await f.locate(h)
         elapsed = time.monotonic() - start
-        assert 0.45 <= elapsed < 1.5, elapsed  # waits the whole missing_timeout, not more
+        # the whole missing_timeout, and then gives up (the upper bound is for a loaded
+        # machine: what it rules out is a wait without end)
+        assert 1.0 <= elapsed < 20, elapsed
         assert store.counts["get"] >= 3  # retried during the wait
         assert f.statistics().inflight == 0
 
-    run(lambda: with_fetcher(store, cache, body, missing_timeout=0.5))
+    run(lambda: with_fetcher(store, cache, body, missing_timeout=1.0))
 
 
 def test_fetcher_chunk_appearing_during_wait(store: RecordingStore, cache: LocalCache) -> None:
@@ -179,16 +182,17 @@ def test_fetcher_chunk_appearing_during_wait(store: RecordingStore, cache: Local
 
     async def body(f: Fetcher) -> None:
         async def writer() -> None:
-            await trio.sleep(0.4)  # late in the 0.5 s window
+            await trio.sleep(0.4)  # after a few GETs found nothing
             put_chunk(store, data)
 
         async with trio.open_nursery() as n:
             n.start_soon(writer)
             start = time.monotonic()
-            assert await read_chunk(f, h, len(data)) == data
-            assert 0.35 < time.monotonic() - start < 1.0
+            assert await read_chunk(f, h, len(data)) == data  # within the 60 s wait
+            assert time.monotonic() - start > 0.35
+            assert store.counts["get"] >= 2  # found by a GET after the first
 
-    run(lambda: with_fetcher(store, cache, body, missing_timeout=0.5))
+    run(lambda: with_fetcher(store, cache, body, missing_timeout=60.0))
 
 
 def test_fetcher_permanent_error_is_missing_at_once(store: RecordingStore,
@@ -200,10 +204,11 @@ def test_fetcher_permanent_error_is_missing_at_once(store: RecordingStore,
         start = time.monotonic()
         with pytest.raises(MissingChunkError, match="access denied"):
             await f.locate(h)
-        assert time.monotonic() - start < 0.3
+        assert time.monotonic() - start < 20  # at once: not after the 60 s wait
+        assert store.counts["get"] == 1
         assert await read_chunk(f, h, 300) == b"abc" * 100
 
-    run(lambda: with_fetcher(store, cache, body, missing_timeout=5.0))
+    run(lambda: with_fetcher(store, cache, body, missing_timeout=60.0))
 
 
 def test_fetcher_prefetch_is_parallel(store: RecordingStore, cache: LocalCache) -> None:
@@ -213,15 +218,14 @@ def test_fetcher_prefetch_is_parallel(store: RecordingStore, cache: LocalCache) 
     store.set_latency("get", latency)
 
     async def body(f: Fetcher) -> None:
-        start = time.monotonic()
         f.prefetch_nowait(hashes)
         f.prefetch_nowait(hashes)  # already in flight: no second GET
         assert f.statistics().inflight == 8
         for h, d in zip(hashes, chunks, strict=True):
             assert await read_chunk(f, h, len(d)) == d
-        elapsed = time.monotonic() - start
-        assert latency <= elapsed < 2.5 * latency, elapsed  # ~1x the latency, not 8x
         assert store.counts["get"] == 8
+        # the GETs ran side by side (8 workers), not one after another
+        assert max_overlap(store.get_intervals) >= 4, store.get_intervals
         # a chunk is readable as soon as its GET thread cached it; the task then finishes
         await wait_until_async(lambda: f.statistics().inflight == 0)
         assert f.statistics().fetched_chunks == 8

@@ -236,7 +236,7 @@ def test_publisher_wait_applied_timeout(store: RecordingStore, journal: Journal)
     async def body(pub: Publisher) -> None:
         start = time.monotonic()
         assert await pub.wait_applied(seqs[0], timeout=0.2) is False
-        assert 0.19 <= time.monotonic() - start < 1.0
+        assert 0.19 <= time.monotonic() - start < 10  # the timeout, not the hung PUT
         assert pub.healthy and journal.counts() == (0, 1)
         store.release()
         assert await pub.wait_applied(seqs[0], timeout=5.0) is True
@@ -276,6 +276,7 @@ def test_directory_rename_completes_under_sustained_throttling(tmp_path: Path) -
         journal.close()
     assert applied == [True], (f"the rename did not finish in 12 s: {store.counts['copy']} "
                                f"copies for 61 keys")
+    assert store.counts["copy"] > 61  # copies failed (throttled) and were retried
     listing = store.inner.list("files/", delimiter=None).objects
     assert sorted(k for k, _ in listing) == sorted(
         ["files/ckpt/"] + [f"files/ckpt/rank{i}.pt" for i in range(60)])

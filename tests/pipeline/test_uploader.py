@@ -286,7 +286,7 @@ def test_uploader_yields_to_a_streaming_save(store: RecordingStore, cache: Local
             await trio.sleep(0.5)
             assert up.pending_count() == 1 and store.counts["put"] == 1  # held
             assert up.busy()  # so that a writer at the cache limit waits for it
-            with trio.fail_after(2):
+            with trio.fail_after(10):
                 await up.wait_changed()  # as sync, fsync and back-pressure do
             await settled(up, st)
             assert store.counts["put"] == 2
@@ -295,7 +295,7 @@ def test_uploader_yields_to_a_streaming_save(store: RecordingStore, cache: Local
             await trio.sleep(0.5)
             assert up.pending_count() == 1
             rate["bytes"] = 0  # the save ends
-            with trio.fail_after(1):
+            with trio.fail_after(10):  # (settled() alone would wait 30 s)
                 await settled(up, st)
             n.cancel_scope.cancel()
 
@@ -415,7 +415,7 @@ def test_uploader_chunk_waiting_for_another_put_is_uploading_once(
             assert up.statistics().uploading_bytes == len(data)
             store.release()
             await settled(up, st)
-            await wait_until_async(lambda: not up.busy(), timeout=1.0)
+            await wait_until_async(lambda: not up.busy(), timeout=10)
             assert up.statistics().uploading_bytes == 0
             n.cancel_scope.cancel()
 
@@ -429,12 +429,13 @@ def test_uploader_status_settles_after_an_outage(
     the file's close uploads the chunk. At once nothing is uploading any more (the early
     job does not sit out its backoff counted as uploading), and a moment later the rate
     reads 0; no stray PUT comes afterwards."""
-    monkeypatch.setattr(uploader, "BACKGROUND", Backoff(first=4.0, maximum=30.0))  # 2-6 s
+    # the early job's retry waits 20-60 s: "at once" below is far shorter than that
+    monkeypatch.setattr(uploader, "BACKGROUND", Backoff(first=40.0, maximum=60.0))
     data = random_bytes(64 * KiB)
 
     async def main() -> None:
         up = Uploader(store, cache, journal, trio.CapacityLimiter(1), workers=4,
-                      rate_window=0.5)
+                      rate_window=3.0)
         async with trio.open_nursery() as n:
             await n.start(up.run)
             st = open_chunk(cache, data)
@@ -447,10 +448,9 @@ def test_uploader_status_settles_after_an_outage(
             await settled(up, st)
             s = up.statistics()
             assert s.retrying_since is None and s.upload_rate > 0
-            with trio.fail_after(1.0):
-                await wait_until_async(
-                    lambda: up.statistics().uploading_bytes == 0 and not up.busy())
-            await trio.sleep(0.6)  # past the rate window
+            await wait_until_async(
+                lambda: up.statistics().uploading_bytes == 0 and not up.busy(), 10)
+            await wait_until_async(lambda: up.statistics().upload_rate == 0, 30)
             s = up.statistics()
             assert s.upload_rate == 0 and s.uploading_bytes == 0, s
             assert s.uploaded_bytes == len(data) and s.dedup_bytes == 0, s
@@ -460,10 +460,27 @@ def test_uploader_status_settles_after_an_outage(
     run(main)
 
 
-def test_upload_rate_reads_zero_after_its_window() -> None:
+class FakeTime:
+    """The `time` module of uploader.py, with a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_upload_rate_reads_zero_after_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(uploader, "time", clock)
     rate = uploader._Rate(window=0.2)
     assert rate.value() == 0
     rate.add(1000)
     assert rate.value() == 1000 / 0.2
-    time.sleep(0.25)
+    clock.now += 0.15
+    rate.add(500)
+    assert rate.value() == 1500 / 0.2  # both within the window
+    clock.now += 0.1
+    assert rate.value() == 500 / 0.2  # the first one left it
+    clock.now += 0.25
     assert rate.value() == 0
