@@ -35,7 +35,8 @@ def make_state(params_millions: float) -> dict[str, object]:
     optim = {"state": {i: {"step": torch.tensor(1000.0), "exp_avg": torch.randn_like(t.float()),
                            "exp_avg_sq": torch.rand_like(t.float())}
                        for i, t in enumerate(model.values())},
-             "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.999), "params": list(range(len(model)))}]}
+             "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.999),
+                               "params": list(range(len(model)))}]}
     return {"model": model, "optimizer": optim, "step": 1000,
             "rng": torch.get_rng_state()}
 
@@ -46,7 +47,8 @@ def same(a: object, b: object) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(same(x, y) for x, y in zip(a, b, strict=True)))
     return a == b
 
 
@@ -85,11 +87,15 @@ def main() -> int:
         ok = same(state, loaded)
         ckptfs("umount", str(mnt))
         stored = du(store / "chunks")
-        print(f"checkpoint     {size / 2**20:8.1f} MiB  ({a.params_millions:g}M params + Adam state)")
-        print(f"save stall     {save_s:8.2f} s    {size / 2**20 / save_s:7.0f} MiB/s  (torch.save returned)")
+        mib = size / 2**20
+        print(f"checkpoint     {mib:8.1f} MiB  ({a.params_millions:g}M params + Adam state)")
+        print(f"save stall     {save_s:8.2f} s    {mib / save_s:7.0f} MiB/s  "
+              "(torch.save returned)")
         print(f"durable        {durable_s:8.2f} s    (save + ckptfs umount: all in the store)")
-        print(f"cold load      {load_s:8.2f} s    {size / 2**20 / load_s:7.0f} MiB/s  (new node, empty cache)")
-        print(f"stored chunks  {stored / 2**20:8.1f} MiB  (compression {size / max(stored, 1):.2f}x)")
+        print(f"cold load      {load_s:8.2f} s    {mib / load_s:7.0f} MiB/s  "
+              "(new node, empty cache)")
+        print(f"stored chunks  {stored / 2**20:8.1f} MiB  "
+              f"(compression {size / max(stored, 1):.2f}x)")
         print(f"verify         {'OK: every tensor identical' if ok else 'MISMATCH'}")
         return 0 if ok else 1
     finally:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything ckptfs needs on a Debian machine (idempotent): FUSE 3, a virtualenv
-# in .venv with ckptfs and its test dependencies, getfattr (package attr). Safe to re-run.
+# in .venv with ckptfs and its test and lint tools, getfattr (package attr). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null \
@@ -19,6 +19,6 @@ command -v "$PY" >/dev/null || PY=python3
 stamp=.venv/.ckptfs-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
-    .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[test,lint]'
     touch "$stamp"
 fi

@@ -1,14 +1,24 @@
-"""Shared pytest fixtures: one SeaweedFS server per session, and a fresh store per test."""
+"""Shared pytest fixtures and hooks for every tier (unit, pipeline, contract, core, fuse;
+docs/ARCHITECTURE.md, Tests): one SeaweedFS server per session, a fresh store per test, the
+mounts of a test (`nodes`), a fault-injecting S3 proxy; FUSE tests skip without FUSE.
+
+This directory is on sys.path (pytest's default "prepend" import mode puts it there for
+this conftest.py), so test modules of every tier import the support modules beside it:
+`from mounting import Mount`, `from support import wait_until`, ...
+"""
 
 from __future__ import annotations
 
 import atexit
+import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import Mount
+from faultproxy import FaultProxy
+from mounting import Nodes, become_subreaper
 from seaweed import SeaweedServer
 
 from ckptfs.store.local import LocalStore
@@ -66,10 +76,50 @@ def local_store(local_store_dir: Path) -> LocalStore:
 
 
 @pytest.fixture
-def nodes() -> Iterator[list[Mount]]:
-    """Mounts ("nodes") made by a test: every one appended here is unmounted (lazily, its
-    daemon stopped) at the end, even when the test fails."""
-    made: list[Mount] = []
+def nodes() -> Iterator[Nodes]:
+    """Mounts ("nodes") made by a test: every one made by `nodes.mount(...)` or appended
+    here is unmounted (lazily, its daemon stopped) at the end, even when the test fails."""
+    made = Nodes()
     yield made
-    for m in made:
-        m.cleanup()
+    made.cleanup()
+
+
+@pytest.fixture
+def proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
+    """A FaultProxy in front of the session's SeaweedFS (its `endpoint`: the proxy's)."""
+    p = FaultProxy(seaweed.endpoint)
+    yield p
+    p.close()
+
+
+# -- FUSE --------------------------------------------------------------------------------
+
+FUSE_TESTS = Path(__file__).parent / "fuse"
+
+
+def fuse_missing() -> str | None:
+    """Why real FUSE mounts cannot work on this machine, or None if they can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing (no FUSE in this kernel or container)"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not readable and writable by this user"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # the daemons `ckptfs mount` leaves behind become children of this process: tests
+    # can then check how they exited (mounting.Mount.exited)
+    become_subreaper()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/fuse is marked `fuse`, and skipped, with the reason, where
+    FUSE is unavailable."""
+    reason = fuse_missing()
+    for item in items:
+        if FUSE_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.fuse)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs FUSE: {reason}"))

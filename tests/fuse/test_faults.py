@@ -18,8 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mounting import CKPTFS, Mount, is_mounted, run_cli
+from faultproxy import FaultProxy, chunk_put
+from mounting import CKPTFS, Mount, Nodes, is_mounted, run_cli
 from seaweed import SeaweedServer
+from support import random_bytes, wait_until
+
+from ckptfs import manifests
+from ckptfs.store.local import LocalStore
 
 MiB = 2**20
 
@@ -27,25 +32,9 @@ MiB = 2**20
 # ---------------------------------------------------------------------------- helpers
 
 
-
-def new_node(nodes: list[Mount], store: str, root: Path, name: str, *extra: str,
-             env: dict[str, str] | None = None) -> Mount:
-    m = Mount(store, root, name, extra=list(extra), env=env)
-    nodes.append(m)
-    return m.mount()
-
-
 def status(m: Mount) -> dict[str, Any]:
     """`ckptfs status --json` of a mount."""
     return dict(m.status())
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached after {timeout}s: {what}")
-        time.sleep(0.1)
 
 
 def file_sha256(path: Path | str) -> str:
@@ -80,11 +69,12 @@ class PatternSave(threading.Thread):
         self.gates = [threading.Event() for _ in phases]
         self.done = [threading.Event() for _ in phases]
         self.written = 0
+        self.seconds = [0.0 for _ in phases]  # how long each phase's writes took
         self.sha = hashlib.sha256()
         self.error: BaseException | None = None
         self.closed = threading.Event()
         self.abort = False  # set by the test on failure: stop writing, close
-        self._base = bytearray(os.urandom(self.BLOCK))
+        self._base = bytearray(random_bytes(self.BLOCK))
 
     def block(self, i: int) -> bytes:
         for j in range(0, self.BLOCK, MiB):
@@ -96,9 +86,11 @@ class PatternSave(threading.Thread):
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 i = 0
-                for gate, done, n in zip(self.gates, self.done, self.phases):
+                for i_phase, (gate, done, n) in enumerate(
+                        zip(self.gates, self.done, self.phases, strict=True)):
                     if not gate.wait(300) or self.abort:
                         raise TimeoutError("aborted")
+                    start = time.monotonic()
                     for _ in range(n):
                         if self.abort:
                             raise TimeoutError("aborted")
@@ -109,6 +101,7 @@ class PatternSave(threading.Thread):
                         self.sha.update(data)
                         self.written += len(data)
                         i += 1
+                    self.seconds[i_phase] = time.monotonic() - start
                     done.set()
             finally:
                 os.close(fd)
@@ -120,17 +113,18 @@ class PatternSave(threading.Thread):
 
 
 # ---------------------------------------------------------------------------- 1. outage
-def test_store_outage_during_a_500mib_save(tmp_path: Path, nodes: list[Mount],
+def test_store_outage_during_a_500mib_save(tmp_path: Path, nodes: Nodes,
                                           seaweed: SeaweedServer) -> None:
-    """The S3 server goes down in the middle of a save: writes go on at local speed, status
-    shows the outage, the server comes back, umount exits 0, another node reads it exactly."""
+    """The S3 server goes down in the middle of a save: writes go on at local speed (as
+    fast as before the outage, measured side by side), status shows the outage, the server
+    comes back, umount exits 0, another node reads it exactly."""
     server = SeaweedServer(tmp_path / "w")  # our own server, to take down (the `seaweed`
     server.start()  # fixture put the test credentials, the same for every server, in the env)
     started: list[PatternSave] = []
     try:
         url = f"s3://{server.new_bucket()}/job"
         extra = ["--endpoint-url", server.endpoint, "--chunk-size", "1M"]
-        a = new_node(nodes, url, tmp_path, "a", *extra)
+        a = nodes.mount(url, tmp_path, "a", *extra)
         # 160 MiB before the outage, 2 x 80 MiB during it, 180 MiB after: 500 MiB
         save = PatternSave(a / "model.bin", [40, 20, 20, 45])
         started.append(save)
@@ -147,13 +141,18 @@ def test_store_outage_during_a_500mib_save(tmp_path: Path, nodes: list[Mount],
             seen.update(st)
             return bool(st["errors"]) and st["retrying_since"] is not None
 
-        wait_for(outage_shown, 30, "status shows the outage")
+        wait_until(outage_shown, 30, "status shows the outage")
         assert not seen["durable"] and seen["dirty_bytes"] > 0
         assert save.done[1].wait(120) and save.error is None, save.error
         before = save.written
         save.gates[2].set()  # writes go on while status shows the outage
         assert save.done[2].wait(120) and save.error is None, save.error
         assert save.written == before + 80 * MiB
+        # local speed: MiB/s while the store is down vs before, when uploads kept up (a
+        # write path that waited on the store would crawl, or stop, here)
+        rate_before = 160 / save.seconds[0]
+        rate_during = 80 / save.seconds[2]
+        assert rate_during > rate_before / 3, (rate_before, rate_during)
         st = status(a)
         assert st["errors"] and st["retrying_since"] is not None, st
         assert st["dirty_bytes"] >= 80 * MiB, st  # at least what was written since
@@ -167,7 +166,7 @@ def test_store_outage_during_a_500mib_save(tmp_path: Path, nodes: list[Mount],
         assert save.written == 500 * MiB
         r = a.umount()
         assert r.returncode == 0 and "everything is in the store" in r.stdout
-        b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", server.endpoint)
+        b = nodes.mount(url, tmp_path, "b", "--endpoint-url", server.endpoint)
         assert os.stat(b / "model.bin").st_size == 500 * MiB
         assert file_sha256(b / "model.bin") == save.sha.hexdigest()
         b.umount()
@@ -177,155 +176,22 @@ def test_store_outage_during_a_500mib_save(tmp_path: Path, nodes: list[Mount],
             for gate in save.gates:
                 gate.set()
             save.join(30)
-        for m in nodes:
-            m.cleanup()
+        nodes.cleanup()
         server.stop()
 
 
 # ---------------------------------------------------------------------------- 2. throttling
-class FaultProxy:
-    """An HTTP proxy on the loopback in front of an S3 server that injects S3 faults.
-
-    Requests pass through unchanged (the Host header too, so SigV4 signatures still match).
-    `throttle(p, match, first)` answers 503 SlowDown to the first `first` tries of every
-    matching request (same method and path) and then to a fraction `p` of them (seeded);
-    `hold(match)` keeps matching requests waiting until `release()`.
-    """
-
-    SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-                b'<Message>Please reduce your request rate.</Message></Error>')
-    HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding",
-                     "expect", "te", "upgrade"})
-
-    def __init__(self, upstream: str, seed: int = 1) -> None:
-        import http.server
-        import random
-        import urllib.parse
-
-        u = urllib.parse.urlsplit(upstream)
-        self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
-        self.random = random.Random(seed)
-        self.lock = threading.Lock()
-        self.p = 0.0
-        self.first = 0
-        self.tries: dict[tuple[str, str], int] = {}
-        self.throttle_match: Callable[[str, str], bool] = lambda m, p: False
-        self.hold_match: Callable[[str, str], bool] = lambda m, p: False
-        self.released = threading.Event()
-        self.released.set()
-        self.injected: list[tuple[str, str]] = []
-        self.held = 0
-        self.requests = 0
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                proxy.handle(self)
-
-            do_PUT = do_POST = do_HEAD = do_DELETE = do_GET
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def throttle(self, p: float, match: Callable[[str, str], bool], first: int = 0) -> None:
-        with self.lock:
-            self.p, self.throttle_match, self.first = p, match, first
-            self.tries.clear()
-
-    def hold(self, match: Callable[[str, str], bool]) -> None:
-        with self.lock:
-            self.hold_match = match
-            self.released.clear()
-
-    def release(self) -> None:
-        with self.lock:
-            self.hold_match = lambda m, p: False
-            self.released.set()
-
-    def handle(self, h: object) -> None:
-        import http.client
-
-        method, path = h.command, h.path  # type: ignore[attr-defined]
-        length = int(h.headers.get("Content-Length") or 0)  # type: ignore[attr-defined]
-        body = h.rfile.read(length) if length else b""  # type: ignore[attr-defined]
-        with self.lock:
-            self.requests += 1
-            throttled = False
-            if self.throttle_match(method, path):
-                n = self.tries[method, path] = self.tries.get((method, path), 0) + 1
-                throttled = n <= self.first or self.random.random() < self.p
-            if throttled:
-                self.injected.append((method, path))
-            holding = not throttled and self.hold_match(method, path)
-            if holding:
-                self.held += 1
-        if throttled:
-            h.send_response(503)  # type: ignore[attr-defined]
-            h.send_header("Content-Type", "application/xml")  # type: ignore[attr-defined]
-            h.send_header("Content-Length", str(len(self.SLOWDOWN)))  # type: ignore[attr-defined]
-            h.end_headers()  # type: ignore[attr-defined]
-            if method != "HEAD":
-                h.wfile.write(self.SLOWDOWN)  # type: ignore[attr-defined]
-            return
-        if holding:
-            self.released.wait(60)
-        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
-        try:
-            conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-            for k, v in h.headers.items():  # type: ignore[attr-defined]
-                if k.lower() not in self.HOP:
-                    conn.putheader(k, v)
-            conn.endheaders(body or None)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        h.send_response(resp.status, resp.reason)  # type: ignore[attr-defined]
-        for k, v in resp.getheaders():
-            if k.lower() not in self.HOP and (k.lower() != "content-length" or method == "HEAD"):
-                h.send_header(k, v)  # type: ignore[attr-defined]
-        if method != "HEAD":
-            h.send_header("Content-Length", str(len(data)))  # type: ignore[attr-defined]
-        h.end_headers()  # type: ignore[attr-defined]
-        if method != "HEAD":
-            h.wfile.write(data)  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        self.release()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def is_chunk(method: str, path: str) -> bool:
-    return "/chunks/" in path
-
-
-@pytest.fixture
-def proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(seaweed.endpoint)
-    yield p
-    p.close()
-
-
 def test_throttled_store_everything_lands(proxy: FaultProxy, seaweed: SeaweedServer,
-                                          tmp_path: Path, nodes: list[Mount]) -> None:
+                                          tmp_path: Path, nodes: Nodes) -> None:
     """Every request (chunk HEAD/PUT, marker and manifest PUTs, LISTs, the copy and delete
     of a file rename) gets 503 SlowDown on its first two tries (botocore's two attempts, so
     ckptfs must retry itself) and 10% of the time after that while saving, and so do the
     chunk GETs while loading: all of it lands, byte-exact."""
     url = f"s3://{seaweed.new_bucket()}/job"
     extra = ["--endpoint-url", proxy.endpoint, "--chunk-size", "1M"]
-    a = new_node(nodes, url, tmp_path, "a", *extra)
+    a = nodes.mount(url, tmp_path, "a", *extra)
     proxy.throttle(0.1, lambda m, p: True, first=2)  # after the mount (it needs the store)
-    files = {f"ckpt/rank{i}.bin": os.urandom(4 * MiB + i) for i in range(2)}
+    files = {f"ckpt/rank{i}.bin": random_bytes(4 * MiB + i) for i in range(2)}
     (a / "ckpt").mkdir()
     for name, data in files.items():
         (a / f"{name}.tmp").write_bytes(data)
@@ -340,7 +206,7 @@ def test_throttled_store_everything_lands(proxy: FaultProxy, seaweed: SeaweedSer
     assert re.search(r"metadata (op \S+ \S+|\S+) failed \(retrying\): .*SlowDown", log), log
 
     proxy.throttle(0.0, lambda m, p: False)
-    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    b = nodes.mount(url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
     assert sorted(os.listdir(b / "ckpt")) == ["rank0.bin", "rank1.bin"]
     proxy.throttle(0.1, lambda m, p: m == "GET" and "/chunks/" in p, first=2)
     before = len(proxy.injected)
@@ -371,18 +237,20 @@ def test_s3_store_makes_two_attempts_per_call(proxy: FaultProxy, seaweed: Seawee
 
 
 def test_hanging_chunk_requests_are_waited_for(proxy: FaultProxy, seaweed: SeaweedServer,
-                                               tmp_path: Path, nodes: list[Mount]) -> None:
+                                               tmp_path: Path, nodes: Nodes) -> None:
     """Chunk PUTs that hang (no answer) hold the data in the cache without blocking close;
     sync waits for them; once the server answers, everything lands. The same for GETs."""
     url = f"s3://{seaweed.new_bucket()}/job"
-    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
-                 "--chunk-size", "1M")
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                    "--chunk-size", "1M")
     proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
-    data = os.urandom(6 * MiB)
-    start = time.monotonic()
+    data = random_bytes(6 * MiB)
     (a / "f.bin").write_bytes(data)
-    assert time.monotonic() - start < 5  # close waits for the manifest only
-    wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is hanging")
+    # close returned while every chunk PUT was held (none has passed): it waited for
+    # the manifest only
+    assert proxy.requests_where(chunk_put, status=200) == []
+    assert proxy.requests_where(lambda m, p: m == "PUT" and "/files/" in p, status=200)
+    wait_until(lambda: proxy.held > 0, 30, "a chunk PUT is hanging")
     st = status(a)
     assert st["pending_chunks"] > 0 and not st["durable"], st
     assert st["uploading_bytes"] > 0, st
@@ -393,14 +261,14 @@ def test_hanging_chunk_requests_are_waited_for(proxy: FaultProxy, seaweed: Seawe
     assert status(a)["durable"]
     a.umount()
 
-    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    b = nodes.mount(url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
     assert os.path.getsize(b / "f.bin") == len(data)
     proxy.hold(lambda m, p: m == "GET" and "/chunks/" in p)
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append((b / "f.bin").read_bytes()),
                               daemon=True)
     reader.start()
-    wait_for(lambda: proxy.held > 0, 10, "a chunk GET is hanging")
+    wait_until(lambda: proxy.held > 0, 30, "a chunk GET is hanging")
     time.sleep(1)
     assert not got  # the read waits for the hanging GET
     proxy.release()
@@ -417,16 +285,16 @@ def chunk_objects(seaweed: SeaweedServer, bucket: str, prefix: str) -> set[str]:
 
 
 def test_fsync_to_store_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: SeaweedServer,
-                                                  tmp_path: Path, nodes: list[Mount]) -> None:
+                                                  tmp_path: Path, nodes: Nodes) -> None:
     """With --fsync-to-store, fsync returns only once the file's chunks are in the store:
     while the server holds every chunk PUT, fsync waits; once the PUTs go through, it
     returns and each chunk of the file is in the store."""
     bucket = seaweed.new_bucket()
     url = f"s3://{bucket}/job"
-    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
-                 "--chunk-size", "1M", "--fsync-to-store")
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                    "--chunk-size", "1M", "--fsync-to-store")
     proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
-    data = os.urandom(3 * MiB + 100)
+    data = random_bytes(3 * MiB + 100)
     fd = os.open(a / "f.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
@@ -436,13 +304,14 @@ def test_fsync_to_store_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: Se
 
         def do_fsync() -> None:
             try:
-                outcome.append(os.fsync(fd))
+                os.fsync(fd)
+                outcome.append(None)
             except OSError as e:
                 outcome.append(e)
 
         syncer = threading.Thread(target=do_fsync, daemon=True)
         syncer.start()
-        wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is held")
+        wait_until(lambda: proxy.held > 0, 30, "a chunk PUT is held")
         time.sleep(2)
         assert syncer.is_alive() and not outcome, outcome  # still waiting for the PUTs
         assert chunk_objects(seaweed, bucket, "job") == set()
@@ -462,19 +331,19 @@ def test_fsync_to_store_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: Se
 
 
 def test_umount_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: SeaweedServer,
-                                          tmp_path: Path, nodes: list[Mount]) -> None:
+                                          tmp_path: Path, nodes: Nodes) -> None:
     """`ckptfs umount` does not return (nor unmount) while chunk PUTs of a closed file
     are held by the server; once they go through it exits 0, and a new node with an
     empty cache reads the file exactly."""
     import subprocess
 
     url = f"s3://{seaweed.new_bucket()}/job"
-    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
-                 "--chunk-size", "1M")
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                    "--chunk-size", "1M")
     proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
-    data = os.urandom(4 * MiB + 7)
+    data = random_bytes(4 * MiB + 7)
     (a / "f.bin").write_bytes(data)  # closed: its manifest is in the store, chunks held
-    wait_for(lambda: proxy.held > 0, 10, "a chunk PUT is held")
+    wait_until(lambda: proxy.held > 0, 30, "a chunk PUT is held")
     umount = subprocess.Popen([*CKPTFS, "umount", str(a.path)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
@@ -490,27 +359,27 @@ def test_umount_waits_for_held_chunk_puts(proxy: FaultProxy, seaweed: SeaweedSer
     assert umount.returncode == 0, err
     assert "everything is in the store" in out, out
     assert not is_mounted(a.path)
-    a.wait_exit()
-    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    assert a.wait_exit() == 0
+    b = nodes.mount(url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
     assert (b / "f.bin").read_bytes() == data
     b.umount()
 
 
 def checkpoint_from_another_node(proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path,
-                                 nodes: list[Mount]) -> Mount:
+                                 nodes: Nodes) -> Mount:
     """Node a writes ckpt/model.bin (1000 bytes) and unmounts; returns node b, a new
     mount of the same store that has listed nothing yet (both through the proxy)."""
     url = f"s3://{seaweed.new_bucket()}/job"
-    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
-                 "--chunk-size", "1M")
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                    "--chunk-size", "1M")
     (a / "ckpt").mkdir()
     (a / "ckpt" / "model.bin").write_bytes(b"w" * 1000)
     a.umount()
-    return new_node(nodes, url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
+    return nodes.mount(url, tmp_path, "b", "--endpoint-url", proxy.endpoint)
 
 
 def test_throttled_listing_never_reports_an_existing_file_missing(
-        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """A node that has not listed a directory yet, while the store throttles LIST and
     manifest GETs for a few seconds, must not answer ENOENT for a file that exists (a
     loader would conclude there is no checkpoint): it may wait, or fail with EIO."""
@@ -528,15 +397,19 @@ def test_throttled_listing_never_reports_an_existing_file_missing(
                 outcomes.append(("errno", errno.errorcode.get(e.errno or 0, str(e.errno))))
     finally:
         lift.join()
+    throttled = proxy.requests_where(lambda m, p: "/chunks/" not in p, status=503)
+    # the listing and manifest requests were throttled indeed
+    assert any(r.method == "GET" and "list-type=2" in r.path for r in throttled), [
+        (r.method, r.path) for r in throttled]
     assert ("errno", "ENOENT") not in outcomes, outcomes
-    for kind, value in outcomes:
+    for _, value in outcomes:
         assert value in (1000, ["model.bin"], "EIO"), outcomes
     assert (b / "ckpt" / "model.bin").read_bytes() == b"w" * 1000  # after the throttling
     b.umount()
 
 
 def test_directory_never_listed_is_eio_during_an_outage_never_empty(
-        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """An outage longer than the retries: a directory this node listed before keeps its
     view, but one it never listed fails with EIO; an empty listing or ENOENT would tell a
     resume script there is no checkpoint, and it would start training over."""
@@ -564,14 +437,14 @@ def test_directory_never_listed_is_eio_during_an_outage_never_empty(
 
 
 def test_listing_after_a_crash_waits_for_the_journals_files(
-        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """Killed after a file was closed but before its manifest reached the store: the next
     mount publishes it from the journal, and a listing made meanwhile waits for that
     (up to the publish timeout) rather than list a store that lacks the file; a resume
     script would take an older checkpoint for the latest."""
     url = f"s3://{seaweed.new_bucket()}/job"
-    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
-                 "--chunk-size", "1M")
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                    "--chunk-size", "1M")
     (a / "step-1.pt").write_bytes(b"1" * 1000)
     proxy.hold(lambda m, p: m == "PUT" and "/files/" in p)  # manifests wait at the proxy
     (a / "step-2.pt").write_bytes(b"2" * 1000)  # closed: journaled, manifest held
@@ -599,7 +472,7 @@ def assert_no_secret(*texts: str) -> None:
 
 
 def test_permanent_store_error_keeps_the_data_in_the_cache(
-        seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """The bucket disappears under a mount: status names the permanent error, the data stays
     readable here and journaled in the cache, umount --timeout fails with one line, and no
     credential is ever printed. Once the bucket is back, a new mount of the same cache
@@ -611,14 +484,16 @@ def test_permanent_store_error_keeps_the_data_in_the_cache(
     bucket = seaweed.new_bucket()
     url = f"s3://{bucket}/job"
     extra = ["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M"]
-    a = new_node(nodes, url, tmp_path, "a", *extra)
+    a = nodes.mount(url, tmp_path, "a", *extra)
     seaweed.drop_bucket(bucket)  # the bucket and everything in it are gone
-    files = {f"f{i}.bin": os.urandom(3 * MiB + i) for i in range(2)}
+    files = {f"f{i}.bin": random_bytes(3 * MiB + i) for i in range(2)}
     for name, data in files.items():
         start = time.monotonic()
         (a / name).write_bytes(data)
-        assert time.monotonic() - start < 11  # close gives up waiting for the manifest
-    wait_for(lambda: len(status(a)["errors"]) == 2, 15, "both errors in status")
+        # close gives up waiting for the manifest after the publish timeout (10 s), and
+        # does not wait for the PERMANENT_DELAY (30 s) retry; a wide margin for load
+        assert time.monotonic() - start < 25
+    wait_until(lambda: len(status(a)["errors"]) == 2, 60, "both errors in status")
     st = status(a)
     assert all("PermanentStoreError" in e and "NoSuchBucket" in e for e in st["errors"]), st
     assert st["retrying_since"] is not None and not st["durable"]
@@ -639,10 +514,10 @@ def test_permanent_store_error_keeps_the_data_in_the_cache(
     # stop the daemon: SIGTERM unmounts and flushes, a second one abandons the flush
     assert a.pid is not None
     os.kill(a.pid, signal.SIGTERM)
-    wait_for(lambda: not is_mounted(a.path), 10, "lazy unmount on SIGTERM")
+    wait_until(lambda: not is_mounted(a.path), 30, "lazy unmount on SIGTERM")
     time.sleep(0.5)
     os.kill(a.pid, signal.SIGTERM)
-    a.wait_exit(20)
+    assert a.wait_exit(30) == 1  # the flush gave up: not everything is in the store
     log = (a.cache / "ckptfs.log").read_text()
     assert "flush interrupted" in log and "NoSuchBucket" in log
     assert_no_secret(status_json, status_text, r.stdout, r.stderr, log)
@@ -655,13 +530,12 @@ def test_permanent_store_error_keeps_the_data_in_the_cache(
     try:
         a.mount()
         assert a.umount().returncode == 0
-        b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+        b = nodes.mount(url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
         for name, data in files.items():
             assert (b / name).read_bytes() == data, name
         b.umount()
     finally:
-        for m in nodes:
-            m.cleanup()
+        nodes.cleanup()
         seaweed.drop_bucket(bucket)
 
 
@@ -677,7 +551,7 @@ def mounts_at(path: Path) -> int:
                                   "uploads-while-writing-negative"])
 def test_bad_input_is_one_line_and_leaves_no_mount(
         case: str, tmp_path: Path, local_store_dir: Path, seaweed: SeaweedServer,
-        nodes: list[Mount]) -> None:
+        nodes: Nodes) -> None:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     store = str(local_store_dir)
@@ -692,7 +566,7 @@ def test_bad_input_is_one_line_and_leaves_no_mount(
         args += ["--endpoint-url", seaweed.endpoint]
         env["AWS_SECRET_ACCESS_KEY"] = "wrong-secret-2b8e1d"
     elif case == "already-mounted":
-        first = new_node(nodes, store, tmp_path, "first")
+        first = nodes.mount(store, tmp_path, "first")
         mnt = first.path  # a second mount on the same path, with its own cache
         mounted_before = 1
     elif case == "newer-format":
@@ -734,7 +608,7 @@ def test_missing_dev_fuse_is_a_clear_config_error(tmp_path: Path,
     from ckptfs.errors import ConfigError
 
     real_exists = os.path.exists
-    monkeypatch.setattr(mount.os.path, "exists",
+    monkeypatch.setattr(os.path, "exists",
                         lambda p: False if p == "/dev/fuse" else real_exists(p))
     with pytest.raises(ConfigError) as e:
         mount.check_mountpoint(str(tmp_path))
@@ -771,7 +645,7 @@ def used_bytes(path: Path) -> int:
 
 
 def test_a_save_larger_than_the_cache_disk_stays_within_cache_size(
-        seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """A 160 MiB cache disk, --cache-size 64M and a 300 MiB torch.save on S3: chunks of
     the open file leave the cache once uploaded, so the save succeeds, the cache stays
     near its limit, status never says durable while the file is open, and a fresh node
@@ -822,7 +696,7 @@ def test_a_save_larger_than_the_cache_disk_stays_within_cache_size(
         assert peaks["disk"] < limit + 32 * MiB, peaks
         assert a.umount().returncode == 0
         assert "Traceback" not in (disk / "ckptfs.log").read_text()
-    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    b = nodes.mount(url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
     loaded = torch.load(b / "big.pt")
     assert torch.equal(loaded["w"], tensor)
     b.umount()
@@ -835,7 +709,7 @@ def free_bytes(path: Path) -> int:
 
 def fill(path: Path, limit: int = 100 * MiB) -> tuple[OSError | None, int]:
     """Write `path` in 1 MiB pieces until a write fails: (that error, bytes written)."""
-    piece = os.urandom(MiB)
+    piece = random_bytes(MiB)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     failure: OSError | None = None
     written = 0
@@ -853,7 +727,7 @@ def fill(path: Path, limit: int = 100 * MiB) -> tuple[OSError | None, int]:
 
 
 def test_full_cache_disk_gives_enospc_and_recovers(
-        small_tmpfs: Path, local_store_dir: Path, tmp_path: Path, nodes: list[Mount]) -> None:
+        small_tmpfs: Path, local_store_dir: Path, tmp_path: Path, nodes: Nodes) -> None:
     """A 64 MiB cache disk: a 100 MiB file fails with ENOSPC; once it is deleted, the mount
     works again, and everything that was acknowledged reaches the store intact."""
     store = str(local_store_dir)
@@ -861,7 +735,7 @@ def test_full_cache_disk_gives_enospc_and_recovers(
     a.cache = small_tmpfs  # the cache directory is the whole small disk
     nodes.append(a)
     a.mount()
-    kept = {f"keep{i}.bin": os.urandom(4 * MiB) for i in range(3)}
+    kept = {f"keep{i}.bin": random_bytes(4 * MiB) for i in range(3)}
     for name, data in kept.items():
         (a / name).write_bytes(data)
     run_cli("sync", str(a.path))  # (uploads finishing on the full disk: the next test)
@@ -877,13 +751,13 @@ def test_full_cache_disk_gives_enospc_and_recovers(
                         f"daemon dropped the entry anyway, but keeps its staging file while "
                         f"the kernel holds the inode: the space is not freed)")
     if not problems:
-        wait_for(lambda: free_bytes(small_tmpfs) > 32 * MiB, 10, "the cache space is freed")
+        wait_until(lambda: free_bytes(small_tmpfs) > 32 * MiB, 10, "the cache space is freed")
     else:  # the space stays taken until the kernel forgets the inode: remount instead
         assert a.umount().returncode == 0  # what was closed before is in the store
         a.mount()
         assert free_bytes(small_tmpfs) > 32 * MiB
         assert not os.path.lexists(a / "big.bin")
-    fresh = os.urandom(4 * MiB + 5)
+    fresh = random_bytes(4 * MiB + 5)
     (a / "after.bin").write_bytes(fresh)
     assert (a / "after.bin").read_bytes() == fresh
     for name, data in kept.items():
@@ -891,7 +765,7 @@ def test_full_cache_disk_gives_enospc_and_recovers(
     assert a.umount().returncode == 0
     log = (small_tmpfs / "ckptfs.log").read_text()
     assert "write: the cache directory is full" in log, log[-3000:]
-    b = new_node(nodes, store, tmp_path, "b")
+    b = nodes.mount(store, tmp_path, "b")
     assert sorted(os.listdir(b.path)) == ["after.bin", *sorted(kept)]
     assert (b / "after.bin").read_bytes() == fresh
     for name, data in kept.items():
@@ -902,7 +776,7 @@ def test_full_cache_disk_gives_enospc_and_recovers(
 
 def test_uploads_finishing_on_a_full_cache_disk_keep_the_mount_alive(
         small_tmpfs: Path, proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path,
-        nodes: list[Mount]) -> None:
+        nodes: Nodes) -> None:
     """Closed files whose uploads are slow (held by the server) when the cache disk fills
     up: when those uploads then finish, recording them in the journal fails (disk full).
     The mount must survive that: still mounted, the daemon alive, the data in the store."""
@@ -913,7 +787,7 @@ def test_uploads_finishing_on_a_full_cache_disk_keep_the_mount_alive(
     nodes.append(a)
     a.mount()
     proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
-    kept = {f"keep{i}.bin": os.urandom(4 * MiB) for i in range(2)}
+    kept = {f"keep{i}.bin": random_bytes(4 * MiB) for i in range(2)}
     for name, data in kept.items():
         (a / name).write_bytes(data)  # closed: journaled, uploads hanging
     failure, _ = fill(a / "big.bin")
@@ -924,7 +798,7 @@ def test_uploads_finishing_on_a_full_cache_disk_keep_the_mount_alive(
         r = run_cli("status", str(a.path), "--json", check=False)
         return r.returncode != 0 or json.loads(r.stdout)["pending_chunks"] == 0
 
-    wait_for(landed, 30, "the held uploads landed (or the daemon died)")
+    wait_until(landed, 30, "the held uploads landed (or the daemon died)")
     time.sleep(1)
     r = run_cli("status", str(a.path), "--json", check=False)
     assert r.returncode == 0 and is_mounted(a.path), (
@@ -934,16 +808,16 @@ def test_uploads_finishing_on_a_full_cache_disk_keep_the_mount_alive(
 
 
 def test_a_chunk_lost_in_the_cache_fails_umount_naming_the_file(
-        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """The daemon dies before a closed file's chunks are uploaded, and its staged bytes
     are damaged meanwhile. The next mount cannot upload that chunk: status, the log and
     umount must say which file lost data (umount exits 1), at every mount, until the file
     is rewritten."""
     url = f"s3://{seaweed.new_bucket()}/job"
-    a = new_node(nodes, url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
-                 "--chunk-size", "1M")
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
+                    "--chunk-size", "1M")
     proxy.hold(lambda m, p: m == "PUT" and "/chunks/" in p)
-    data = os.urandom(3 * MiB)
+    data = random_bytes(3 * MiB)
     os.mkdir(a / "step-1")
     (a / "step-1" / "model.pt").write_bytes(data)
     a.kill()
@@ -970,7 +844,7 @@ def test_a_chunk_lost_in_the_cache_fails_umount_naming_the_file(
     assert any("step-1/model.pt" in e for e in status(a)["errors"])
     (a / "step-1" / "model.pt").write_bytes(data)
     assert a.umount().returncode == 0
-    b = new_node(nodes, url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    b = nodes.mount(url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
     assert (b / "step-1" / "model.pt").read_bytes() == data
     b.umount()
 
@@ -978,7 +852,7 @@ def test_a_chunk_lost_in_the_cache_fails_umount_naming_the_file(
 # ---------------------------------------------------------------------------- 6. corruption
 @pytest.mark.parametrize("damage", ["flip", "truncate", "s3-flip"])
 def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
-        damage: str, local_store_dir: Path, tmp_path: Path, nodes: list[Mount],
+        damage: str, local_store_dir: Path, tmp_path: Path, nodes: Nodes,
         seaweed: SeaweedServer) -> None:
     """A chunk object flipped or truncated in the store after the file is durable: a fresh
     node's reads of that chunk fail with EIO at once (bytes before it are right), the log
@@ -988,8 +862,8 @@ def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
         store, extra = f"s3://{bucket}/job", ["--endpoint-url", seaweed.endpoint]
     else:
         store, extra = str(local_store_dir), []
-    a = new_node(nodes, store, tmp_path, "a", *extra, "--chunk-size", "1M")
-    data = os.urandom(3 * MiB + 100)
+    a = nodes.mount(store, tmp_path, "a", *extra, "--chunk-size", "1M")
+    data = random_bytes(3 * MiB + 100)
     (a / "model.bin").write_bytes(data)
     assert a.umount().returncode == 0
     if damage.startswith("s3"):
@@ -1010,7 +884,9 @@ def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
         else:
             obj.write_bytes(bytes(blob[:len(blob) // 2]))
 
-    b = new_node(nodes, store, tmp_path, "b", *extra, "--missing-chunk-timeout", "5")
+    # a long wait for missing chunks: a read that waited for the bad chunk (instead of
+    # failing at once) would take a minute, far above the bound below
+    b = nodes.mount(store, tmp_path, "b", *extra, "--missing-chunk-timeout", "60")
 
     def read_range(fd: int, offset: int, size: int) -> str:
         """Read [offset, offset+size) like a loader: every byte returned must be right
@@ -1035,7 +911,7 @@ def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
                              (MiB, 4096)):
             start = time.monotonic()
             assert read_range(fd, offset, size) == "EIO", (offset, size)
-            assert time.monotonic() - start < 4  # at once, not after a timeout
+            assert time.monotonic() - start < 20  # at once, not after the wait
     with pytest.raises(OSError) as e:
         (b / "model.bin").read_bytes()
     assert e.value.errno == errno.EIO
@@ -1052,14 +928,14 @@ def test_corrupt_chunk_in_the_store_gives_eio_never_wrong_bytes(
 
 
 def test_damaged_read_cache_is_fetched_again_after_a_remount(
-        seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """Chunks in a node's read cache are damaged while it is unmounted (a flipped byte,
     a file cut short), raw and lz4-stored chunks alike: mounted again on the same cache
     directory, the node reads the file exactly, fetching only the damaged chunks again."""
     url = f"s3://{seaweed.new_bucket()}/job"
     extra = ["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M"]
-    a = new_node(nodes, url, tmp_path, "a", *extra)
-    raw, lz4 = os.urandom(MiB), b"layer.0.weight " * (MiB // 15)
+    a = nodes.mount(url, tmp_path, "a", *extra)
+    raw, lz4 = random_bytes(MiB), b"layer.0.weight " * (MiB // 15)
     lz4 += b"." * (MiB - len(lz4))
     # chunks: raw (flipped), raw (cut), lz4 (flipped), lz4 (cut), raw and lz4 (intact)
     blocks = [raw[:-1] + bytes([i]) if i in (0, 1, 4) else lz4[:-1] + bytes([i])
@@ -1067,7 +943,7 @@ def test_damaged_read_cache_is_fetched_again_after_a_remount(
     data = b"".join(blocks) + b"tail"
     (a / "model.bin").write_bytes(data)
     a.umount()
-    b = new_node(nodes, url, tmp_path, "b", *extra)
+    b = nodes.mount(url, tmp_path, "b", *extra)
     assert (b / "model.bin").read_bytes() == data  # fills b's read cache
     b.umount()
     from ckptfs.codec import chunk_hash
@@ -1176,12 +1052,12 @@ def open_dir() -> Iterator[Path]:
 
 
 def test_cache_control_socket_and_mount_are_private(
-        open_dir: Path, local_store_dir: Path, nodes: list[Mount]) -> None:
+        open_dir: Path, local_store_dir: Path, nodes: Nodes) -> None:
     """Cache dir 0700 and its files 0600; another user can neither read the cache, nor use
     the control socket, nor enter the mount (default_permissions, no allow_other)."""
     from ckptfs import cli
 
-    a = new_node(nodes, str(local_store_dir), open_dir, "a")
+    a = nodes.mount(str(local_store_dir), open_dir, "a")
     (a / "weights.bin").write_bytes(b"secret weights" * 1000)
 
     def mode(p: Path) -> str:
@@ -1231,12 +1107,12 @@ def test_cache_control_socket_and_mount_are_private(
 
 
 def test_unsafe_names_and_manifests_in_the_store_are_ignored(
-        local_store_dir: Path, tmp_path: Path, nodes: list[Mount]) -> None:
+        local_store_dir: Path, tmp_path: Path, nodes: Nodes) -> None:
     """Keys and manifests crafted in the store to escape (a '..' name, a chunk named
     '../../etc/passwd', a rename intent out of the tree) are refused; the mount goes on."""
     root = local_store_dir
-    a = new_node(nodes, str(root), tmp_path, "a", "--chunk-size", "1M")
-    good = os.urandom(MiB + 7)
+    a = nodes.mount(str(root), tmp_path, "a", "--chunk-size", "1M")
+    good = random_bytes(MiB + 7)
     (a / "good.bin").write_bytes(good)
     (a / "sub").mkdir()
     assert a.umount().returncode == 0
@@ -1261,8 +1137,17 @@ def test_unsafe_names_and_manifests_in_the_store_are_ignored(
     (root / "intents" / "evil2.json%o").write_text(json.dumps(
         {"v": 1, "op": "rename_dir", "src": "sub", "dst": "../../outside", "writer": "x"}))
     before = sorted(p.name for p in tmp_path.iterdir())
+    # the objects an intent acted on would change: the intents themselves (deleted when
+    # done) and the directory marker of `sub` (moved by evil2)
+    watched = {key: LocalStore(root).get(key) for key in (
+        "intents/evil.json", "intents/evil2.json", manifests.dir_key("sub"))}
 
-    b = new_node(nodes, str(root), tmp_path, "b", "--missing-chunk-timeout", "2")
+    b = nodes.mount(str(root), tmp_path, "b", "--missing-chunk-timeout", "2")
+    # the mount rolled every intent forward before it answered: none was acted on
+    assert {key: LocalStore(root).get(key) for key in watched} == watched
+    assert LocalStore(root).list("intents/").objects == [
+        ("intents/evil.json", len(watched["intents/evil.json"])),
+        ("intents/evil2.json", len(watched["intents/evil2.json"]))]
     names = sorted(os.listdir(b.path))
     # '..%2f..%2fetc' is no escaped name LocalStore writes: listed, unreadable, left out
     assert names == ["good.bin", "sub"], names
@@ -1280,50 +1165,5 @@ def test_unsafe_names_and_manifests_in_the_store_are_ignored(
     assert "unreadable rename intent" in log
     after = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("b-"))
     assert after == before  # nothing written outside the store
-    assert (root / "intents" / "evil.json%o").exists()  # left alone, not acted on
-    assert (root / "files" / "sub%o").exists() or (root / "files" / "sub").is_dir()
-
-
-# ---------------------------------------------------------------------------- unit level
-def test_directory_rename_completes_under_sustained_throttling(tmp_path: Path) -> None:
-    """A checkpoint directory of 60 files is committed by a directory rename while 10% of
-    the store's COPY requests fail with a transient error (throttling, 503). The rename must
-    finish in bounded time: a failed copy must not throw away the whole pass."""
-    import trio
-
-    from ckptfs.journal import Journal, Op
-    from ckptfs.manifests import DirMarker
-    from ckptfs.publisher import Publisher
-    from ckptfs.store.faulty import FaultyStore
-    from ckptfs.store.local import LocalStore
-
-    (tmp_path / "store").mkdir()
-    store = FaultyStore(LocalStore(tmp_path / "store", fsync=False), seed=3)
-    store.inner.put("files/tmp/", DirMarker().to_json())
-    for i in range(60):
-        store.inner.put(f"files/tmp/rank{i}.pt", b"manifest %d" % i)
-    journal = Journal(str(tmp_path / "journal.sqlite"))
-    store.fail_rate("copy", 0.1)
-    applied: list[bool] = []
-
-    async def main() -> None:
-        pub = Publisher(store, journal, trio.CapacityLimiter(1), "n")
-        seq = journal.add_op("rename_dir", "tmp", "ckpt")
-        pub.enqueue(Op(seq, "rename_dir", "tmp", "ckpt"))
-        async with trio.open_nursery() as n:
-            await n.start(pub.run)
-            with trio.move_on_after(12):
-                while pub.applied_seq < seq:
-                    await trio.sleep(0.05)
-            applied.append(pub.applied_seq >= seq)
-            n.cancel_scope.cancel()
-
-    try:
-        trio.run(main)
-    finally:
-        journal.close()
-    assert applied == [True], (f"the rename did not finish in 12 s: {store.counts['copy']} "
-                               f"copies for 61 keys")
-    listing = store.inner.list("files/", delimiter=None).objects
-    assert sorted(k for k, _ in listing) == sorted(
-        ["files/ckpt/"] + [f"files/ckpt/rank{i}.pt" for i in range(60)])
+    # still left alone after the unmount, not acted on
+    assert {key: LocalStore(root).get(key) for key in watched} == watched

@@ -9,11 +9,18 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
-from mounting import Mount, is_mounted, run_cli
+from faultproxy import FaultProxy, chunk_put
+from mounting import Mount, Nodes, is_mounted, run_cli
 from seaweed import SeaweedServer
+from support import random_bytes
+
+from ckptfs.control import request
+
+MiB = 2**20
 
 
 @pytest.fixture
@@ -24,16 +31,8 @@ def store(tmp_path: Path) -> str:
 
 
 
-
-
-def node(nodes: list[Mount], store: str, root: Path, name: str, *extra: str) -> Mount:
-    m = Mount(store, root, name, extra=list(extra))
-    nodes.append(m)
-    return m.mount()
-
-
 def write_files(mnt: Mount, n: int = 3, size: int = 5 * 2**20) -> dict[str, bytes]:
-    files = {f"f{i}.bin": os.urandom(size) for i in range(n)}
+    files = {f"f{i}.bin": random_bytes(size) for i in range(n)}
     for name, data in files.items():
         (mnt / name).write_bytes(data)
     return files
@@ -46,23 +45,24 @@ def assert_files(mnt: Mount, files: dict[str, bytes]) -> None:
 
 @pytest.mark.parametrize("how", ["sigterm", "fusermount"])
 def test_shutdown_without_ckptfs_umount_still_flushes(
-        how: str, store: str, tmp_path: Path, nodes: list[Mount]) -> None:
-    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M")
+        how: str, store: str, tmp_path: Path, nodes: Nodes) -> None:
+    a = nodes.mount(store, tmp_path, "a", "--chunk-size", "1M")
     files = write_files(a)
     assert a.pid is not None
     if how == "sigterm":
         os.kill(a.pid, signal.SIGTERM)
     else:
         subprocess.run(["fusermount3", "-u", str(a.path)], check=True)
-    a.wait_exit(60)
+    assert a.wait_exit(60) == 0  # its final flush saved everything
+    assert "flush complete: everything is in the store" in a.log()
     assert not is_mounted(a.path)
-    b = node(nodes, store, tmp_path, "b")
+    b = nodes.mount(store, tmp_path, "b")
     assert_files(b, files)
 
 
 def test_status_sync_and_umount_report_durability(
-        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
-    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M")
+        store: str, tmp_path: Path, nodes: Nodes) -> None:
+    a = nodes.mount(store, tmp_path, "a", "--chunk-size", "1M")
     files = write_files(a)
     st = a.status()
     for field in ("dirty_bytes", "uploading_bytes", "uploaded_bytes", "stored_bytes",
@@ -83,29 +83,54 @@ def test_status_sync_and_umount_report_durability(
 
 
 def test_writers_wait_at_the_cache_limit_and_nothing_fails(
-        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
-    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M", "--cache-size", "4M")
-    data = os.urandom(48 * 2**20)
-    (a / "big.bin").write_bytes(data)  # 12x the cache limit: back-pressure, never an error
-    assert a.status()["dirty_bytes"] <= 6 * 2**20
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
+    """A 48 MiB file, 12x --cache-size, written to a store whose chunk PUTs are slowed
+    down: the writer waits for uploads (back-pressure), so the dirty bytes, sampled all
+    along the write, never exceed the limit by more than the chunk being written; the
+    write never fails, and the file reads back through a cache smaller than itself."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    limit, chunk = 4 * MiB, MiB
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint, "--chunk-size",
+                    "1M", "--cache-size", "4M")
+    proxy.delay(0.2, chunk_put)  # uploads drain far slower than the writer fills
+    sock = os.getxattr(a.path, "user.ckptfs.control").decode()
+    samples: list[int] = []
+    writing = threading.Event()
+
+    def sample() -> None:
+        while writing.is_set():
+            samples.append(int(next(request(sock, "status"))["dirty_bytes"]))
+
+    data = random_bytes(48 * MiB)
+    writing.set()
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        (a / "big.bin").write_bytes(data)  # back-pressure, never an error
+    finally:
+        writing.clear()
+        sampler.join()
+    assert len(samples) > 20, samples  # sampled all along the write
+    assert max(samples) > limit - chunk, max(samples)  # the writer reached the limit ...
+    assert max(samples) <= limit + chunk, max(samples)  # ... and waited there
+    proxy.delay(0.0, chunk_put)
     a.umount()
-    b = node(nodes, store, tmp_path, "b", "--cache-size", "8M")
+    b = nodes.mount(url, tmp_path, "b", "--endpoint-url", seaweed.endpoint,
+                    "--cache-size", "8M")
     assert (b / "big.bin").read_bytes() == data  # read through a cache smaller than the file
     cache_files = [p for p in (b.cache / "chunks").rglob("*") if p.is_file()]
-    assert sum(p.stat().st_size for p in cache_files) <= 8 * 2**20 + 2**20
+    assert sum(p.stat().st_size for p in cache_files) <= 8 * MiB + MiB
 
 
 def test_crash_during_store_outage_resumes_from_the_journal(
-        tmp_path: Path, nodes: list[Mount], seaweed: SeaweedServer) -> None:
+        tmp_path: Path, nodes: Nodes, seaweed: SeaweedServer) -> None:
     server = SeaweedServer(tmp_path / "weed")  # our own server, to take it down (the shared
     # `seaweed` fixture provides the test credentials in the environment)
     server.start()
     try:
         bucket = server.new_bucket()
         url, extra = f"s3://{bucket}/job", ["--endpoint-url", server.endpoint]
-        a = Mount(url, tmp_path, "a", extra=[*extra, "--chunk-size", "1M"])
-        nodes.append(a)
-        a.mount()
+        a = nodes.mount(url, tmp_path, "a", *extra, "--chunk-size", "1M")
         server.stop()  # the store goes down; writes must still succeed
         files = write_files(a, n=2, size=3 * 2**20)
         st = a.status()
@@ -114,9 +139,7 @@ def test_crash_during_store_outage_resumes_from_the_journal(
         server.restart()
         a.mount()  # same cache directory: the journal is replayed
         a.umount()
-        b = Mount(url, tmp_path, "b", extra=extra)
-        nodes.append(b)
-        b.mount()
+        b = nodes.mount(url, tmp_path, "b", *extra)
         assert_files(b, files)
         b.umount()
     finally:
@@ -153,8 +176,8 @@ def test_bad_input_is_one_line_and_leaves_no_mount(case: str, tmp_path: Path) ->
 
 
 def test_second_mount_on_the_same_cache_dir_is_refused(
-        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
-    a = node(nodes, store, tmp_path, "a")
+        store: str, tmp_path: Path, nodes: Nodes) -> None:
+    a = nodes.mount(store, tmp_path, "a")
     other = tmp_path / "other-mnt"
     other.mkdir()
     r = run_cli("mount", store, str(other), "--cache-dir", str(a.cache), check=False)
@@ -174,12 +197,12 @@ def one_line(r: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_dead_mount_is_named_and_umount_detaches_it(
-        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+        store: str, tmp_path: Path, nodes: Nodes) -> None:
     # a file named `chunks` in the store: every chunk PUT fails (and is retried), while
     # manifests still publish, so the journal keeps the chunks when the daemon dies
     blocker = Path(store) / "chunks"
     blocker.write_text("not a directory")
-    a = node(nodes, store, tmp_path, "a", "--chunk-size", "1M")
+    a = nodes.mount(store, tmp_path, "a", "--chunk-size", "1M")
     files = write_files(a, n=1, size=3 * 2**20)
     assert a.status()["pending_chunks"] == 3
     a.kill_daemon(9)
@@ -209,12 +232,12 @@ def test_dead_mount_is_named_and_umount_detaches_it(
     blocker.unlink()
     a.mount("--chunk-size", "1M")  # the same cache: the journal is replayed
     assert a.umount().returncode == 0
-    b = node(nodes, store, tmp_path, "b")
+    b = nodes.mount(store, tmp_path, "b")
     assert_files(b, files)
 
 
 def test_second_mount_with_the_default_cache_is_told_about_cache_dir(
-        store: str, tmp_path: Path, nodes: list[Mount]) -> None:
+        store: str, tmp_path: Path, nodes: Nodes) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     first, second = Mount(store, tmp_path, "first"), Mount(store, tmp_path, "second")
     nodes += [first, second]
@@ -238,7 +261,7 @@ def mount_cli(m: Mount, *more: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_a_new_store_is_announced_and_never_made_inside_another(
-        kind: str, tmp_path: Path, nodes: list[Mount], request: pytest.FixtureRequest) -> None:
+        kind: str, tmp_path: Path, nodes: Nodes, request: pytest.FixtureRequest) -> None:
     if kind == "local":
         url, extra = str(tmp_path / "store"), []
         inner, deeper = f"{url}/step-3", f"{url}/run/step-4"
@@ -286,7 +309,7 @@ def test_a_new_store_is_announced_and_never_made_inside_another(
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_dedup_counts_only_chunks_the_store_already_had(
-        where: str, store: str, tmp_path: Path, nodes: list[Mount],
+        where: str, store: str, tmp_path: Path, nodes: Nodes,
         request: pytest.FixtureRequest) -> None:
     """A save of random bytes into a new store deduplicates nothing, although its early
     uploads race the uploads that its close queues for the same chunks; a copy of the
@@ -296,9 +319,9 @@ def test_dedup_counts_only_chunks_the_store_already_had(
         seaweed: SeaweedServer = request.getfixturevalue("seaweed")
         store = f"s3://{seaweed.new_bucket()}/job"
         extra += ["--endpoint-url", seaweed.endpoint]
-    a = node(nodes, store, tmp_path, "a", *extra)
+    a = nodes.mount(store, tmp_path, "a", *extra)
     size = 96 * 2**20 + 12345  # 97 chunks, the last one partial
-    data = os.urandom(size)
+    data = random_bytes(size)
     with open(a / "model.bin", "wb", buffering=0) as f:  # as dd bs=1M does
         for offset in range(0, size, 2**20):
             f.write(data[offset:offset + 2**20])

@@ -1,73 +1,30 @@
-"""Store tools (inspection.py and `ckptfs verify/ls/latest/fsck`) on crafted and real stores.
+"""Store tools (inspection.py and `ckptfs verify/ls/latest/fsck`) on crafted stores.
 
-Most tests craft the store directly (chunks + manifests, as a writer would PUT them), on a
-directory store and on real SeaweedFS S3; one goes through a real mount and `ckptfs sync`.
+The tests craft the store directly (chunks + manifests, as a writer would PUT them), on a
+directory store and on real SeaweedFS S3. The same tools through a real mount:
+tests/fuse/test_inspection_mounted.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import Mount, run_cli
+from crafting import CHUNK, T0, checkpoint, flip_byte, new_store, put_file, s3_url
+from mounting import run_cli
 from seaweed import SeaweedServer
+from support import random_bytes
 
 from ckptfs import inspection, manifests
-from ckptfs.codec import HEADER_SIZE, chunk_hash, encode_chunk
-from ckptfs.manifests import Manifest, StoreInfo
+from ckptfs.codec import chunk_hash, encode_chunk
+from ckptfs.errors import NoEntry
+from ckptfs.manifests import Manifest
 from ckptfs.store.base import Store
 from ckptfs.store.local import LocalStore
 from ckptfs.store.s3 import S3Store
-
-CHUNK = 64 * 1024
-T0 = 1_700_000_000 * 10**9  # a fixed mtime, in ns
-
-
-# ---------------------------------------------------------------------------- crafting
-def new_store(store: Store) -> Store:
-    store.put(manifests.INFO_KEY, StoreInfo(chunk_size=CHUNK).to_json())
-    return store
-
-
-def put_file(store: Store, path: str, data: bytes, writer: str = "node-a",
-             mtime_ns: int = T0, skip: tuple[int, ...] = ()) -> list[str]:
-    """Write a file as a writer would: its chunks (except indexes in `skip`), its manifest."""
-    hashes = []
-    chunks = []
-    for i, start in enumerate(range(0, len(data), CHUNK)):
-        piece = data[start:start + CHUNK]
-        h = chunk_hash(piece)
-        hashes.append(h)
-        chunks.append((h, len(piece)))
-        if i not in skip:
-            store.put(manifests.chunk_key(h), encode_chunk(piece)[0])
-    m = Manifest(size=len(data), mode=0o100644, mtime_ns=mtime_ns, chunks=tuple(chunks),
-                 chunk_size=CHUNK, writer=writer)
-    store.put(manifests.file_key(path), m.to_json())
-    return hashes
-
-
-def flip_byte(store: Store, chunk: str) -> None:
-    """Damage one payload byte of a stored chunk (random data: stored raw)."""
-    key = manifests.chunk_key(chunk)
-    blob = bytearray(store.get(key))
-    blob[HEADER_SIZE + 10] ^= 0xFF
-    store.put(key, bytes(blob))
-
-
-def data(n: int, seed: int = 0) -> bytes:
-    return (seed.to_bytes(4, "little") + os.urandom(n))[:n]
-
-
-def checkpoint(store: Store, dir_path: str, writer: str = "node-a", mtime_ns: int = T0,
-               skip: tuple[int, ...] = ()) -> None:
-    put_file(store, f"{dir_path}/model.pt", data(3 * CHUNK + 100), writer, mtime_ns, skip)
-    put_file(store, f"{dir_path}/config.json", b'{"lr": 0.1}', writer, mtime_ns)
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -82,10 +39,6 @@ class StoreUnderTest:
     def cli(self, command: str, *args: str, check: bool = False
             ) -> subprocess.CompletedProcess[str]:
         return run_cli(command, self.url, *args, *self.extra, check=check, timeout=60)
-
-
-def s3_url(store: S3Store) -> str:
-    return f"s3://{store.bucket}/{store.prefix.rstrip('/')}"
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -103,7 +56,7 @@ def local(local_store: LocalStore) -> LocalStore:
     return local_store
 
 
-# ---------------------------------------------------------------------------- unit tier
+# ---------------------------------------------------------------------------- the tools
 def test_complete_file(st: StoreUnderTest) -> None:
     checkpoint(st.store, "step-1")
     files = inspection.list_files(st.store)
@@ -125,7 +78,7 @@ def test_complete_file(st: StoreUnderTest) -> None:
 
 def test_missing_chunk_names_the_chunk_and_the_writer(st: StoreUnderTest) -> None:
     checkpoint(st.store, "step-1")
-    hashes = put_file(st.store, "step-2/model.pt", data(3 * CHUNK), writer="node-7",
+    hashes = put_file(st.store, "step-2/model.pt", random_bytes(3 * CHUNK), writer="node-7",
                       skip=(1,))
     result = inspection.verify(st.store, "step-2")
     assert not result.complete
@@ -145,7 +98,7 @@ def test_missing_chunk_names_the_chunk_and_the_writer(st: StoreUnderTest) -> Non
 
 
 def test_corrupt_chunk_is_found_only_deep(st: StoreUnderTest) -> None:
-    hashes = put_file(st.store, "step-1/model.pt", data(2 * CHUNK))
+    hashes = put_file(st.store, "step-1/model.pt", random_bytes(2 * CHUNK))
     flip_byte(st.store, hashes[0])
     assert inspection.verify(st.store, "step-1").complete  # HEAD cannot see it
     deep = inspection.verify(st.store, "step-1", deep=True)
@@ -201,13 +154,13 @@ def test_symlinks_unreadable_manifests_and_missing_paths(local: LocalStore) -> N
     files = {f.path: f for f in inspection.list_files(local)}
     assert files["latest"].complete and files["latest"].target == "step-1/x"
     assert not files["broken"].complete and "not valid" in (files["broken"].error or "")
-    with pytest.raises(inspection.NoEntry):
+    with pytest.raises(NoEntry):
         inspection.verify(local, "no/such/dir")
 
 
 def test_fsck(st: StoreUnderTest) -> None:
     checkpoint(st.store, "step-1")
-    garbage = data(1000, seed=99)
+    garbage = random_bytes(1000)
     st.store.put(manifests.chunk_key(chunk_hash(garbage)), encode_chunk(garbage)[0])
     report = inspection.fsck(st.store, deep=True)
     assert report.clean, report.to_dict()
@@ -215,7 +168,7 @@ def test_fsck(st: StoreUnderTest) -> None:
     r = st.cli("fsck")
     assert r.returncode == 0 and "1 unreferenced" in r.stdout
 
-    hashes = put_file(st.store, "step-2/model.pt", data(2 * CHUNK))
+    hashes = put_file(st.store, "step-2/model.pt", random_bytes(2 * CHUNK))
     flip_byte(st.store, hashes[1])
     assert st.cli("fsck").returncode == 0
     r = st.cli("fsck", "--deep")
@@ -223,7 +176,7 @@ def test_fsck(st: StoreUnderTest) -> None:
     assert "CORRUPT" in r.stdout and hashes[1] in r.stdout
 
     st.store.put(manifests.file_key("step-3/bad"), b'{"v": 1, "size": "x"}')
-    missing = put_file(st.store, "step-3/model.pt", data(CHUNK), writer="node-9", skip=(0,))
+    missing = put_file(st.store, "step-3/model.pt", random_bytes(CHUNK), writer="node-9", skip=(0,))
     report = inspection.fsck(st.store)
     assert not report.clean
     assert {(p.path, p.kind) for p in report.problems} == {
@@ -279,43 +232,3 @@ def test_errors_are_one_line_with_exit_2(tmp_path: Path, seaweed: SeaweedServer)
     store.put(manifests.INFO_KEY, b'{"format": 99, "chunk_size": 65536}')
     r = run_cli("ls", str(tmp_path / "s"), check=False)
     assert r.returncode == 2 and "newer than this ckptfs" in r.stderr
-
-
-# ---------------------------------------------------------------------------- a real mount
-@pytest.fixture
-def s3_mount(s3_store: S3Store, tmp_path: Path) -> Iterator[tuple[Mount, S3Store]]:
-    m = Mount(s3_url(s3_store), tmp_path, "writer",
-              extra=["--endpoint-url", s3_store.endpoint, "--chunk-size", "64K"])
-    try:
-        yield m.mount(), s3_store
-    finally:
-        m.cleanup()
-
-
-def test_mounted_paths_and_the_writer_that_died(s3_mount: tuple[Mount, S3Store]) -> None:
-    m, store = s3_mount
-    (m / "run").mkdir()
-    (m / "run" / "step-10").mkdir()
-    payload = data(5 * CHUNK + 7)
-    (m / "run" / "step-10" / "model.pt").write_bytes(payload)
-    (m / "run" / "step-10" / "meta.json").write_text("{}")
-    run_cli("sync", str(m.path), timeout=60)
-
-    r = run_cli("verify", str(m / "run" / "step-10"), check=False, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "complete: 2 files" in r.stdout and str(m / "run" / "step-10") in r.stdout
-    r = run_cli("ls", s3_url(store), "--endpoint-url", store.endpoint, timeout=60)
-    lines = r.stdout.splitlines()
-    model = next(line for line in lines if line.endswith("run/step-10/model.pt"))
-    assert str(5 * CHUNK + 7) in model and "writer-mnt" in model and " ok " in model
-
-    # another node saved step-20, published its manifest, and died before uploading
-    put_file(store, "run/step-20/model.pt", data(2 * CHUNK), writer="node-dead", skip=(1,))
-    r = run_cli("verify", str(m / "run" / "step-20"), check=False, timeout=60)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "node-dead" in r.stdout and str(m / "run" / "step-20" / "model.pt") in r.stdout
-    r = run_cli("latest", str(m / "run"), "--pattern", "step-*", timeout=60)
-    assert r.stdout == f"{m / 'run' / 'step-10'}\n"
-    r = run_cli("fsck", str(m.path), check=False, timeout=60)
-    assert r.returncode == 1 and "node-dead" in r.stdout
-    m.umount()

@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 import xxhash
-from mounting import Mount, run_cli
+from mounting import Mount, Nodes, run_cli
+from support import random_bytes, wait_until
 
 from ckptfs.manifests import Manifest, file_key
 from ckptfs.store.local import LocalStore
@@ -42,10 +43,10 @@ ENOTSUP = {errno.ENOTSUP, errno.EOPNOTSUPP}
 
 # ------------------------------------------------------------------------------ fixtures
 class Cluster:
-    """Mounts of one store (a LocalStore, or `url` reached with the options `extra`); every
-    mount made here is cleaned up in teardown."""
+    """Mounts of one store (a LocalStore, or `url` reached with the options `extra`), made
+    by `nodes.mount` (cleaned up in teardown)."""
 
-    def __init__(self, root: Path, chunk_size: str = "1M", url: str = "",
+    def __init__(self, root: Path, nodes: Nodes, chunk_size: str = "1M", url: str = "",
                  extra: tuple[str, ...] = ()) -> None:
         self.root = root
         self.store = root / "store"
@@ -53,15 +54,13 @@ class Cluster:
         self.url = url or str(self.store)
         self.extra = extra  # options that reach the store (the S3 endpoint)
         self.chunk_size = chunk_size
-        self.mounts: list[Mount] = []
+        self.nodes = nodes
         self._names = itertools.count()
 
     def node(self) -> Mount:
         """Mount the store on a new mount point with a new, empty cache directory."""
-        m = Mount(self.url, self.root, f"n{next(self._names)}",
-                  extra=["--chunk-size", self.chunk_size, *self.extra])
-        self.mounts.append(m)
-        return m.mount()
+        return self.nodes.mount(self.url, self.root, f"n{next(self._names)}",
+                                "--chunk-size", self.chunk_size, *self.extra)
 
     def remount(self, m: Mount) -> Mount:
         """`ckptfs umount m` (must exit 0), then the store as seen by a fresh node."""
@@ -70,8 +69,7 @@ class Cluster:
         return self.node()
 
     def cleanup(self) -> None:
-        for m in reversed(self.mounts):
-            m.cleanup()
+        self.nodes.cleanup()
 
     def chunk_files(self) -> dict[str, tuple[int, int]]:
         """Every chunk object in the store: path -> (mtime_ns, inode)."""
@@ -90,8 +88,8 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+def cluster(tmp_path: Path, nodes: Nodes) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, nodes)
     try:
         yield c
     finally:
@@ -99,13 +97,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture(params=["local", "s3"])
-def any_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+def any_cluster(request: pytest.FixtureRequest, tmp_path: Path,
+                nodes: Nodes) -> Iterator[Cluster]:
     """A Cluster on the local store, then on a SeaweedFS bucket."""
     if request.param == "local":
-        c = Cluster(tmp_path)
+        c = Cluster(tmp_path, nodes)
     else:
         seaweed = request.getfixturevalue("seaweed")
-        c = Cluster(tmp_path, url=f"s3://{seaweed.new_bucket()}/run",
+        c = Cluster(tmp_path, nodes, url=f"s3://{seaweed.new_bucket()}/run",
                     extra=("--endpoint-url", seaweed.endpoint))
     try:
         yield c
@@ -124,15 +123,15 @@ def mnt(cluster: Cluster) -> Iterator[Mount]:
 
 # ------------------------------------------------------------------------------ helpers
 def data(n: int, seed: int = 0) -> bytes:
-    return random.Random(seed).randbytes(n)
+    return random_bytes(n, seed)
 
 
 def same(got: bytes, want: bytes) -> None:
     """Equal bytes, with a short message (offset of the first difference) otherwise."""
     if got == want:
         return
-    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got),
-                                                                               len(want)))
+    first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                 min(len(got), len(want)))
     raise AssertionError(f"bytes differ: len {len(got)} vs {len(want)}, first difference at "
                          f"{first} (chunk {first // CHUNK}); sha256 "
                          f"{hashlib.sha256(got).hexdigest()[:12]} vs "
@@ -152,15 +151,6 @@ def write(path: Path, blob: bytes) -> None:
 
 def sync(m: Mount) -> None:
     run_cli("sync", str(m.path))
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # ------------------------------------------------------------------------------ attributes
@@ -279,18 +269,25 @@ def test_readdir_thousands(cluster: Cluster, mnt: Mount) -> None:
     gone: set[str] = set()
     lock = threading.Lock()
     problems: list[str] = []
+    lister_errors: list[BaseException] = []
+    listings = 0
     stop = threading.Event()
 
     def lister() -> None:
-        while not stop.is_set():
-            with lock:
-                must, must_not = set(present), set(gone)
-            listed = set(os.listdir(d))
-            if must - listed:
-                problems.append(f"closed but not listed: {sorted(must - listed)[:5]}")
-            if must_not & listed:
-                problems.append(f"removed but listed: {sorted(must_not & listed)[:5]}")
-            time.sleep(0.05)
+        nonlocal listings
+        try:
+            while not stop.is_set():
+                with lock:
+                    must, must_not = set(present), set(gone)
+                listed = set(os.listdir(d))
+                listings += 1
+                if must - listed:
+                    problems.append(f"closed but not listed: {sorted(must - listed)[:5]}")
+                if must_not & listed:
+                    problems.append(f"removed but listed: {sorted(must_not & listed)[:5]}")
+                time.sleep(0.05)
+        except BaseException as e:  # noqa: BLE001 - raised again by the test
+            lister_errors.append(e)
 
     def create(i: int) -> None:
         n = f"file-{i:05d}"
@@ -318,10 +315,12 @@ def test_readdir_thousands(cluster: Cluster, mnt: Mount) -> None:
     finally:
         stop.set()
         t.join()
-    assert not problems, problems[:3]
+    if lister_errors:
+        raise lister_errors[0]
+    assert listings > 0 and not problems, problems[:3]
     names = sorted(present | set(remote))
     assert len(names) == 3000
-    assert wait_until(lambda: sorted(os.listdir(d)) == names, 5), len(os.listdir(d))
+    wait_until(lambda: sorted(os.listdir(d)) == names, 30, "all 3000 names listed")
     with os.scandir(d) as it:
         entries = {e.name: e for e in it}
     assert len(entries) == 3000 and all(e.is_file() for e in entries.values())
@@ -463,8 +462,8 @@ def test_o_direct(cluster: Cluster, mnt: Mount) -> None:
 
 
 # ------------------------------------------------------------------------------ read/write
-def test_large_sequential_file_16m_chunks(tmp_path: Path) -> None:
-    c = Cluster(tmp_path, chunk_size="16M")
+def test_large_sequential_file_16m_chunks(tmp_path: Path, nodes: Nodes) -> None:
+    c = Cluster(tmp_path, nodes, chunk_size="16M")
     try:
         m = c.node()
         blob = data(50 * MiB + 777, 4)
@@ -473,7 +472,7 @@ def test_large_sequential_file_16m_chunks(tmp_path: Path) -> None:
         assert os.path.getsize(m / "big") == len(blob)
         same((m / "big").read_bytes(), blob)
         # uploaded in the background, with nobody waiting (no sync, no umount)
-        assert wait_until(lambda: len(c.chunk_files()) >= 4)
+        wait_until(lambda: len(c.chunk_files()) >= 4, 60, "4 chunks uploaded")
         other = c.remount(m)
         same((other / "big").read_bytes(), blob)
         with open(other / "big", "rb") as f:  # reads spanning a chunk boundary
@@ -723,7 +722,7 @@ def test_deleted_files_free_their_local_copy(mnt: Mount) -> None:
         os.rename(mnt / "c", mnt / "b")  # replaces b: its copy stays while b is open
         assert len(staged() - before) == 2
         same(f.read(), blobs["b"])
-    assert wait_until(lambda: len(staged() - before) == 1)
+    wait_until(lambda: len(staged() - before) == 1, 30, "one staging file left")
     same((mnt / "b").read_bytes(), blobs["c"])
 
 
@@ -743,7 +742,7 @@ def test_staging_files_that_serve_nothing_are_dropped(mnt: Mount, tmp_path: Path
     assert len(staged() - before) == 1
     shutil.copyfile(mnt / "a", mnt / "b")  # the same bytes again
     sync(mnt)
-    assert wait_until(lambda: len(staged() - before) == 1)
+    wait_until(lambda: len(staged() - before) == 1, 30, "one staging file left")
     same((mnt / "b").read_bytes(), blob)
     os.unlink(mnt / "a")
     same((mnt / "b").read_bytes(), blob)

@@ -7,7 +7,8 @@ DeepSpeed) and a directory rename killed halfway.
 
 from __future__ import annotations
 
-import contextlib
+import errno
+import json
 import os
 import shutil
 import subprocess
@@ -16,49 +17,38 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from mounting import Mount
+from mounting import Mount, Nodes, run_cli
 from seaweed import SeaweedServer
+from support import random_bytes, wait_until
 
 
 @pytest.fixture
-def cluster(seaweed: SeaweedServer, tmp_path: Path) -> Iterator[Callable[..., Mount]]:
-    """A factory of mounted nodes on one fresh bucket; all unmounted at the end."""
+def cluster(seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> Callable[..., Mount]:
+    """A factory of mounted nodes (`nodes.mount`) on one fresh bucket."""
     url = f"s3://{seaweed.new_bucket()}/job-{uuid.uuid4().hex[:6]}"
-    made: list[Mount] = []
 
     def node(name: str, *extra: str, env: dict[str, str] | None = None) -> Mount:
-        m = Mount(url, tmp_path, name, env=env,
-                  extra=["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M", *extra])
-        made.append(m)
-        return m.mount()
+        return nodes.mount(url, tmp_path, name, "--endpoint-url", seaweed.endpoint,
+                           "--chunk-size", "1M", *extra, env=env)
 
-    yield node
-    for m in made:
-        m.cleanup()
+    return node
 
 
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll `check` (an OSError counts as False) until true, at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
+def eventually(check: Callable[[], object], what: str = "") -> None:
+    """Until `check` holds on a node (an OSError counts as not yet: the node's view is
+    catching up); other nodes see a change within the metadata TTL (1 s), and the wide
+    bound is for a loaded machine."""
+    wait_until(check, 30, what, interval=0.1, ignore=(OSError,))
 
 
 def test_close_to_open_and_directories_across_nodes(cluster: Callable[..., Mount]) -> None:
     a, b, c = cluster("a"), cluster("b"), cluster("c")
-    data = os.urandom(3 * 2**20 + 17)
+    data = random_bytes(3 * 2**20 + 17)
     (a / "step-1").mkdir()
     (a / "empty-dir").mkdir()
     with open(a / "step-1" / "w.pt", "wb") as f:
@@ -68,7 +58,8 @@ def test_close_to_open_and_directories_across_nodes(cluster: Callable[..., Mount
     assert (b / "step-1" / "w.pt").stat().st_size == len(data)
     assert (c / "step-1" / "w.pt").read_bytes() == data
     assert (c / "empty-dir").is_dir()
-    assert abs((b / "step-1" / "w.pt").stat().st_mtime - (a / "step-1" / "w.pt").stat().st_mtime) < 1
+    mtimes = [(m / "step-1" / "w.pt").stat().st_mtime for m in (a, b)]
+    assert abs(mtimes[0] - mtimes[1]) < 1
     # a rename on B and an rmtree on C are observed everywhere
     (b / "step-1").rename(b / "step-1-final")
     eventually(lambda: (a / "step-1-final" / "w.pt").exists())
@@ -157,8 +148,8 @@ def test_orbax_style_tmp_dir_commit(cluster: Callable[..., Mount]) -> None:
     (a / tmp).mkdir()
     shards = {}
     for i, m in enumerate((a, b)):  # both ranks write into the tmp dir, each on its node
-        eventually(lambda m=m: (m / tmp).is_dir())
-        shards[f"shard{i}"] = os.urandom(2 * 2**20 + i)
+        eventually((m / tmp).is_dir)
+        shards[f"shard{i}"] = random_bytes(2 * 2**20 + i)
         (m / tmp / f"shard{i}").write_bytes(shards[f"shard{i}"])
     eventually(lambda: len(list((a / tmp).iterdir())) == 2)
     (a / tmp).rename(a / "100")  # rank 0 commits by renaming the directory
@@ -176,10 +167,16 @@ def test_hf_trainer_rotation_and_deepspeed_latest(cluster: Callable[..., Mount])
             torch.save({"rank": rank, "step": step, "w": torch.randn(64, 64)},
                        d / f"rng_state_{rank}.pth")
         (a / "latest").write_text(f"global_step{step}")  # DeepSpeed: rewritten in place
-        eventually(lambda step=step: (b / "latest").read_text() == f"global_step{step}")
+        def latest_seen(want: str = f"global_step{step}") -> bool:
+            return (b / "latest").read_text() == want
+
+        eventually(latest_seen)
         kept = sorted(p for p in a.path.glob("checkpoint-*"))
         for old in kept[:-2]:  # save_total_limit=2: rank 0 rotates with rmtree
-            eventually(lambda old=old: len(list(old.iterdir())) == 2)
+            def both_ranks_saved(old: Path = old) -> bool:
+                return len(list(old.iterdir())) == 2
+
+            eventually(both_ranks_saved)
             shutil.rmtree(old)
     eventually(lambda: sorted(p.name for p in b.path.glob("checkpoint-*")) ==
                ["checkpoint-20", "checkpoint-30"])
@@ -187,21 +184,33 @@ def test_hf_trainer_rotation_and_deepspeed_latest(cluster: Callable[..., Mount])
 
 
 def test_directory_rename_killed_halfway_is_completed_by_the_next_mount(
-        cluster: Callable[..., Mount]) -> None:
+        cluster: Callable[..., Mount], seaweed: SeaweedServer) -> None:
     env = {**os.environ, "CKPTFS_CRASH_AT": "rename_dir_copied"}
     a = cluster("a", env=env)
-    files = {f"f{i}": os.urandom(300_000 + i) for i in range(20)}
+    files = {f"f{i}": random_bytes(300_000 + i) for i in range(20)}
     (a / "tmp-ckpt").mkdir()
     for name, data in files.items():
         (a / "tmp-ckpt" / name).write_bytes(data)
-    try:
-        (a / "tmp-ckpt").rename(a / "step-7")  # the daemon dies after copying, before deleting
-    except OSError:
-        pass
-    a.wait_exit(30)
+    with pytest.raises(OSError) as e:  # the daemon dies after copying, before deleting
+        (a / "tmp-ckpt").rename(a / "step-7")
+    assert e.value.errno in (errno.EIO, errno.ENOTCONN, errno.ECONNABORTED), e.value
+    assert a.wait_exit(30) == -9  # killed at the crash point (no flush finished the rename)
     a.cleanup()
+    # what it left in the store: both trees, and the intent that says which one is real
+    bucket, _, prefix = a.store[len("s3://"):].partition("/")
+    pages = seaweed.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    keys = {o["Key"][len(prefix) + 1:] for p in pages for o in p.get("Contents", [])}
+    # (SeaweedFS lists no copy of a directory marker: "files/step-7/" may be absent)
+    for tree in ("tmp-ckpt", "step-7"):
+        assert {k for k in keys if k.startswith(f"files/{tree}/")} - {"files/step-7/"} == {
+            *(f"files/{tree}/{name}" for name in files)} | (
+                {"files/tmp-ckpt/"} if tree == "tmp-ckpt" else set()), sorted(keys)
+    [intent] = [k for k in keys if k.startswith("intents/")]
+    body = json.loads(seaweed.s3.get_object(Bucket=bucket, Key=f"{prefix}/{intent}")
+                      ["Body"].read())
+    assert (body["op"], body["src"], body["dst"]) == ("rename_dir", "tmp-ckpt", "step-7")
     b = cluster("b")  # another node: rolls the rename forward at mount
-    eventually(lambda: (b / "step-7").is_dir() and not (b / "tmp-ckpt").exists(), timeout=15)
+    eventually(lambda: (b / "step-7").is_dir() and not (b / "tmp-ckpt").exists())
     assert sorted(p.name for p in (b / "step-7").iterdir()) == sorted(files)
     for name, data in files.items():
         assert (b / "step-7" / name).read_bytes() == data
@@ -209,20 +218,16 @@ def test_directory_rename_killed_halfway_is_completed_by_the_next_mount(
 
 def test_chunks_of_a_lost_writer_give_eio_after_the_bound_and_latest_skips_it(
         cluster: Callable[..., Mount], seaweed: SeaweedServer) -> None:
-    import errno
-
-    from mounting import run_cli
-
     a = cluster("a")
     for step in (1, 2):
         (a / f"step-{step}").mkdir()
-        (a / f"step-{step}" / "model.pt").write_bytes(os.urandom(2 * 2**20 + step))
+        (a / f"step-{step}" / "model.pt").write_bytes(random_bytes(2 * 2**20 + step))
     run_cli("sync", str(a.path))
     # node a "died before uploading" step-2's chunks: its manifest is in the store, a
     # chunk is not (removed here, as if it had never arrived)
     url = a.store
     bucket, _, prefix = url[len("s3://"):].partition("/")
-    m = __import__("json").loads(seaweed.client().get_object(
+    m = json.loads(seaweed.client().get_object(
         Bucket=bucket, Key=f"{prefix}/files/step-2/model.pt")["Body"].read())
     lost = m["chunks"][1][0]
     seaweed.client().delete_object(Bucket=bucket, Key=f"{prefix}/chunks/{lost[:2]}/{lost}")
@@ -244,7 +249,7 @@ def test_chunks_of_a_lost_writer_give_eio_after_the_bound_and_latest_skips_it(
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_a_directory_renamed_elsewhere_is_gone_under_its_old_name(
-        kind: str, seaweed: SeaweedServer, tmp_path: Path, nodes: list[Mount]) -> None:
+        kind: str, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
     """Node B has used `step_9.tmp`; node A renames it to `step_9`. As soon as B's
     listing no longer shows the old name, the old name and the paths under it give
     ENOENT on B: no stale entry in ckptfs, and B's kernel entry is invalidated
@@ -255,13 +260,10 @@ def test_a_directory_renamed_elsewhere_is_gone_under_its_old_name(
     else:
         store = f"s3://{seaweed.new_bucket()}/job"
         extra = ["--endpoint-url", seaweed.endpoint]
-    a, b = (Mount(store, tmp_path, name, extra=extra) for name in ("a", "b"))
-    nodes.extend([a, b])
-    a.mount()
-    b.mount()
+    a, b = (nodes.mount(store, tmp_path, name, *extra) for name in ("a", "b"))
     (a / "step_9.tmp").mkdir()
     (a / "step_9.tmp" / "w.pt").write_bytes(b"weights")
-    eventually(lambda: (b / "step_9.tmp" / "w.pt").exists(), timeout=10)
+    wait_until(lambda: (b / "step_9.tmp" / "w.pt").exists(), 30, "B sees step_9.tmp")
     os.rename(a / "step_9.tmp", a / "step_9")
     deadline = time.monotonic() + 10
     listing_lost = None

@@ -11,7 +11,8 @@ recovers the way docs/OPERATIONS.md says to:
    model: every acknowledged file with its exact bytes, every acknowledged mkdir, rename,
    unlink and rmdir, and nothing else. The one call in flight when the daemon died may
    have taken effect or not, but only as a whole;
-4. `ckptfs fsck` the store: no missing chunk, no unfinished directory rename.
+4. `ckptfs fsck --json` the store: clean (no missing chunk), no unfinished directory
+   rename (no intent left), no stray key.
 
 Acknowledged (docs/SEMANTICS.md, Durability): a file once close() or fsync() returned
 without error; mkdir, rename, unlink and rmdir once they returned. A file still open for
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
-import random
 import subprocess
 import time
 from collections.abc import Callable
@@ -32,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from mounting import Mount, _alive, is_mounted, lazy_unmount, run_cli
+from mounting import Mount, Nodes, is_mounted, lazy_unmount, run_cli
+from support import random_bytes
 
 WRITE = 64 * 1024  # bytes per os.write: one FUSE write request each (no writeback cache)
 DIR = "<dir>"
@@ -46,11 +48,6 @@ State = dict[str, "bytes | str"]  # path -> file bytes, or DIR
 
 class Died(Exception):
     """The mount died under the workload."""
-
-
-def data(n: int, seed: int) -> bytes:
-    """Deterministic incompressible bytes, distinct per seed."""
-    return random.Random(seed).randbytes(n)
 
 
 def write_all(fd: int, body: bytes) -> None:
@@ -173,24 +170,24 @@ class Workload:
 def workload(w: Workload, close_live: bool) -> None:
     """A checkpoint save with every kind of acknowledged call; raises Died."""
     w.mkdir("ckpt")
-    w.put("ckpt/w0.bin", data(2**20 + 123, 1))
+    w.put("ckpt/w0.bin", random_bytes(2**20 + 123, 1))
     w.live_open()
-    w.live_write(data(320 * 1024 + 7, 2))
+    w.live_write(random_bytes(320 * 1024 + 7, 2))
     w.live_fsync()  # acknowledged: exactly this version must survive what comes after
-    w.put("ckpt/w1.bin", data(3 * 2**19, 3))
-    w.put("old.bin", data(512 * 1024, 4))
-    w.put("new.bin", data(768 * 1024 + 5, 5))
+    w.put("ckpt/w1.bin", random_bytes(3 * 2**19, 3))
+    w.put("old.bin", random_bytes(512 * 1024, 4))
+    w.put("new.bin", random_bytes(768 * 1024 + 5, 5))
     w.rename("new.bin", "old.bin")  # a file rename over an existing file
     w.mkdir("stage")
     for i in range(4):
-        w.put(f"stage/s{i}.bin", data(256 * 1024 + 1000 * i, 10 + i))
+        w.put(f"stage/s{i}.bin", random_bytes(256 * 1024 + 1000 * i, 10 + i))
     w.rename("stage", "step-1")  # the directory rename that commits a checkpoint
-    w.put("doomed.bin", data(200 * 1024, 6))
+    w.put("doomed.bin", random_bytes(200 * 1024, 6))
     w.unlink("doomed.bin")
     w.rename(LIVE, LIVE_MOVED)  # the open file moves; its fsynced version with it
-    w.live_write(data(448 * 1024 + 3, 7))  # after the fsync: never acknowledged
-    w.put("ckpt/w2.bin", data(2**20, 8))
-    w.put("ckpt/w0.bin", data(640 * 1024 + 1, 9))  # an O_TRUNC rewrite of a closed file
+    w.live_write(random_bytes(448 * 1024 + 3, 7))  # after the fsync: never acknowledged
+    w.put("ckpt/w2.bin", random_bytes(2**20, 8))
+    w.put("ckpt/w0.bin", random_bytes(640 * 1024 + 1, 9))  # O_TRUNC rewrite of a closed file
     w.mkdir("scratch")
     w.rmdir("scratch")
     if close_live:  # the runs that end in an unmount: nothing may stay open
@@ -239,11 +236,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def mounts(nodes: list[Mount]) -> list[Mount]:
-    return nodes
-
-
 def walk(root: Path) -> State:
     """The whole tree under a mount: path -> bytes, or DIR."""
     out: State = {}
@@ -268,7 +260,8 @@ def diff(seen: State, want: State) -> list[str]:
             continue
         line = f"    {p}: expected {describe(b)}, found {describe(a)}"
         if isinstance(a, bytes) and isinstance(b, bytes):
-            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                         min(len(a), len(b)))
             line += f", first difference at byte {first}"
         out.append(line)
     return out
@@ -309,7 +302,7 @@ def killed_while_recovering(a: Mount, point: str) -> None:
                         a.pid = int(str(a.status()["pid"]))
                     except (AssertionError, ValueError, KeyError):
                         pass
-                    raise AssertionError(f"the recovering daemon never reached {point}")
+                    raise AssertionError(f"the recovering daemon never reached {point}") from None
                 time.sleep(0.05)
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
@@ -322,7 +315,7 @@ def killed_while_recovering(a: Mount, point: str) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[
     f"{c.point}-{c.store}-{c.end}" + (f"-then-{c.then}" if c.then else "") for c in CASES])
 def test_kill_at_crash_point_loses_nothing_acknowledged(
-        case: Case, tmp_path: Path, mounts: list[Mount], request: pytest.FixtureRequest) -> None:
+        case: Case, tmp_path: Path, nodes: Nodes, request: pytest.FixtureRequest) -> None:
     if case.store == "s3":
         seaweed = request.getfixturevalue("seaweed")
         url = f"s3://{seaweed.new_bucket()}/crash"
@@ -333,10 +326,9 @@ def test_kill_at_crash_point_loses_nothing_acknowledged(
     extra = [*store_args, "--chunk-size", "64K", "--missing-chunk-timeout", "5"]
 
     a = Mount(url, tmp_path, "a", extra=extra, env={**os.environ, "CKPTFS_CRASH_AT": case.point})
-    mounts.append(a)
+    nodes.append(a)
     a.mount()
-    pid = a.pid
-    assert pid is not None
+    assert a.pid is not None
 
     w = Workload(a.path)
     try:
@@ -355,8 +347,8 @@ def test_kill_at_crash_point_loses_nothing_acknowledged(
             ended = run_cli("umount", str(a.path), "--timeout", "60", check=False)
         else:
             subprocess.run(["fusermount3", "-u", str(a.path)], check=True)
-    a.wait_exit(30)
-    assert not _alive(pid), f"the daemon never reached {case.point}"
+    assert a.exited(30), f"the daemon never reached {case.point}"
+    assert a.exit_code == -9, f"the daemon exited with {a.exit_code}, not at {case.point}"
     w.abandon()  # only now: a close while the daemon lives would publish the file
     lazy_unmount(a.path)
     assert not is_mounted(a.path)
@@ -372,7 +364,7 @@ def test_kill_at_crash_point_loses_nothing_acknowledged(
         # umount said "everything is in the store" although its daemon was killed: then
         # a fresh node must see everything before any recovery
         c = Mount(url, tmp_path, "c", extra=extra)
-        mounts.append(c)
+        nodes.append(c)
         c.mount()
         check_tree("a fresh node before recovery (umount exited 0)", walk(c.path), w,
                    case.point)
@@ -390,7 +382,7 @@ def test_kill_at_crash_point_loses_nothing_acknowledged(
 
     # a fresh node, empty cache: the store alone holds exactly the same tree
     b = Mount(url, tmp_path, "b", extra=extra)
-    mounts.append(b)
+    nodes.append(b)
     b.mount()
     seen = walk(b.path)
     check_tree("a fresh node", seen, w, case.point)
@@ -400,5 +392,9 @@ def test_kill_at_crash_point_loses_nothing_acknowledged(
         # open for writing at the kill: exactly the fsynced version, under one of its names
         assert [seen[p] for p in (LIVE, LIVE_MOVED) if p in seen] == [w.live_fsynced]
     b.umount()
-    r = run_cli("fsck", url, *store_args, check=False)
+    r = run_cli("fsck", url, *store_args, "--json", check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["clean"] and report["problems"] == [], report  # no chunk missing
+    assert report["intents"] == [], report  # no directory rename left unfinished
+    assert report["strays"] == [], report

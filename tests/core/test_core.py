@@ -3,96 +3,18 @@ in a trio nursery, as the mount wires it. Fast, and exact about the state behind
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import trio
+from corefs import CHUNK, ROOT, core, read_file, run, write_file
+from support import random_bytes
 
-from ckptfs.cache import LocalCache
 from ckptfs.errors import JournalFull
-from ckptfs.fetcher import Fetcher
-from ckptfs.filesystem import CheckpointFS, Options
-from ckptfs.journal import Journal
 from ckptfs.manifests import Manifest, file_key
-from ckptfs.mount import create_store, read_store_info
-from ckptfs.publisher import Publisher
-from ckptfs.store.base import AsyncStore
 from ckptfs.store.local import LocalStore
-from ckptfs.uploader import Uploader
-
-KiB = 1024
-CHUNK = 64 * KiB
-ROOT = 1
-
-
-@contextlib.asynccontextmanager
-async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
-               upload_threads: int = 2) -> AsyncIterator[CheckpointFS]:
-    """A CheckpointFS on the store root/store with its cache in root/cache (kept between
-    calls, like a remount with the same --cache-dir). upload=False: nothing reaches the
-    store's chunks (the upload workers are not started)."""
-    (root / "store").mkdir(parents=True, exist_ok=True)
-    store = LocalStore(root / "store")
-    info = read_store_info(store) or create_store(store, CHUNK)
-    journal = Journal(str(root / "journal.sqlite"))
-    cache = LocalCache(str(root / "cache"), cache_size)
-    cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})
-    journal_limiter = trio.CapacityLimiter(1)
-    uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads)
-    fetcher = Fetcher(store, cache, workers=2, missing_timeout=1.0)
-    publisher = Publisher(store, journal, journal_limiter, "node-a")
-    fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
-                      publisher, info.chunk_size, Options(writer_id="node-a"))
-    try:
-        await uploader.resume(journal.pending_chunks())
-        publisher.load(journal.pending_ops())
-        async with trio.open_nursery() as nursery:
-            if upload:
-                await nursery.start(uploader.run)
-            await nursery.start(fetcher.run)
-            await nursery.start(publisher.run)
-            yield fs
-            nursery.cancel_scope.cancel()
-    finally:
-        cache.close()
-        journal.close()
-
-
-def run(fn: Callable[[], Awaitable[None]]) -> None:
-    trio.run(fn)
-
-
-async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not check():
-            await trio.sleep(0.01)
-
-
-async def write_file(fs: CheckpointFS, name: str, data: bytes, piece: int = 16 * KiB,
-                     close: bool = True, check: Callable[[], None] | None = None) -> int:
-    """create + sequential writes (+ flush/release); `check` runs after every write."""
-    fh, _ = await fs.create(ROOT, name, 0o644, os.O_WRONLY)
-    for offset in range(0, len(data), piece):
-        await fs.write(fh, offset, data[offset:offset + piece])
-        if check is not None:
-            check()
-    if close:
-        await fs.flush(fh)
-        await fs.release(fh)
-    return fh
-
-
-async def read_file(fs: CheckpointFS, name: str) -> bytes:
-    node = await fs.lookup(ROOT, name)
-    fh, _ = await fs.open(node.inode, os.O_RDONLY)
-    try:
-        return await fs.read(fh, 0, node.size + 1)
-    finally:
-        await fs.release(fh)
 
 
 # ---------------------------------------------------------------------------- cache bound
@@ -101,7 +23,7 @@ def test_a_file_larger_than_the_cache_stays_within_cache_size(tmp_path: Path) ->
     times --cache-size never holds more than the limit plus the chunks in flight; the
     file reads back exactly, before and after close, and from the store alone."""
     limit = 4 * CHUNK
-    data = os.urandom(40 * CHUNK + 123)
+    data = random_bytes(40 * CHUNK + 123)
     peak = 0
 
     async def main() -> None:
@@ -141,7 +63,7 @@ def test_partial_overwrite_of_an_evicted_chunk_while_open(tmp_path: Path) -> Non
     """A chunk freed from the cache while its file is open is fetched back when a write
     covers part of it (copy-on-write), and the result is exact."""
     limit = 4 * CHUNK
-    data = bytearray(os.urandom(24 * CHUNK))
+    data = bytearray(random_bytes(24 * CHUNK))
 
     async def main() -> None:
         async with core(tmp_path, cache_size=limit) as fs:
@@ -176,19 +98,18 @@ def test_not_durable_while_a_file_is_open_with_data(tmp_path: Path) -> None:
 
 
 def test_a_failed_publish_at_release_is_one_line_and_shown_until_saved(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """close() reports the failure; release() can tell nobody, so status and the log say
     it (one line, no traceback) until a later publish succeeds (unmount tries again)."""
     full = JournalFull("the cache disk is full (journal: database or disk is full)")
 
     async def main() -> None:
         async with core(tmp_path) as fs:
-            real = fs.uploader.journal.add_chunks
-
             def disk_full(*args: object) -> list[int]:
                 raise full
 
-            fs.uploader.journal.add_chunks = disk_full  # type: ignore[method-assign]
+            monkeypatch.setattr(fs.uploader.journal, "add_chunks", disk_full)
             fh = await write_file(fs, "a.bin", b"y" * 5000, close=False)
             with pytest.raises(JournalFull):
                 await fs.flush(fh)  # what close() returns (ENOSPC at the FUSE edge)
@@ -200,7 +121,7 @@ def test_a_failed_publish_at_release_is_one_line_and_shown_until_saved(
             records = [r for r in caplog.records if "could not publish a.bin" in r.message]
             assert len(records) == 1 and records[0].exc_info is None
             assert records[0].levelno == logging.ERROR
-            fs.uploader.journal.add_chunks = real  # type: ignore[method-assign]
+            monkeypatch.undo()  # the disk has room again
             await fs.publish_leftovers()
             await fs.wait_all_flushed()
             st = fs.statistics()
@@ -216,7 +137,7 @@ def test_a_chunk_lost_before_upload_is_reported_until_the_file_is_rewritten(
     """Staged bytes damaged while the daemon was down: the next mount cannot upload the
     chunk. It must name the file (through renames) in status and never say durable,
     across remounts, until the file is rewritten or deleted."""
-    data = os.urandom(3 * CHUNK)
+    data = random_bytes(3 * CHUNK)
 
     async def crash_before_upload() -> None:
         async with core(tmp_path, upload=False) as fs:
@@ -270,7 +191,7 @@ def test_a_chunk_lost_before_upload_is_reported_until_the_file_is_rewritten(
 def test_a_lost_chunk_of_a_deleted_file_is_forgotten(tmp_path: Path) -> None:
     async def main() -> None:
         async with core(tmp_path, upload=False) as fs:
-            await write_file(fs, "a.bin", os.urandom(CHUNK))
+            await write_file(fs, "a.bin", random_bytes(CHUNK))
         [staging] = os.listdir(tmp_path / "cache" / "staging")
         os.truncate(tmp_path / "cache" / "staging" / staging, 10)
         async with core(tmp_path) as fs:

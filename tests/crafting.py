@@ -1,0 +1,56 @@
+"""A store crafted as a writer leaves it (chunks, then the manifest), for the store tools'
+tests: complete files, missing and corrupt chunks, any writer and mtime."""
+
+from __future__ import annotations
+
+from support import random_bytes
+
+from ckptfs import manifests
+from ckptfs.codec import HEADER_SIZE, chunk_hash, encode_chunk
+from ckptfs.manifests import Manifest, StoreInfo
+from ckptfs.store.base import Store
+from ckptfs.store.s3 import S3Store
+
+CHUNK = 64 * 1024
+T0 = 1_700_000_000 * 10**9  # a fixed mtime, in ns
+
+
+def new_store(store: Store) -> Store:
+    store.put(manifests.INFO_KEY, StoreInfo(chunk_size=CHUNK).to_json())
+    return store
+
+
+def put_file(store: Store, path: str, data: bytes, writer: str = "node-a",
+             mtime_ns: int = T0, skip: tuple[int, ...] = ()) -> list[str]:
+    """Write a file as a writer would: its chunks (except indexes in `skip`), its manifest."""
+    hashes = []
+    chunks = []
+    for i, start in enumerate(range(0, len(data), CHUNK)):
+        piece = data[start:start + CHUNK]
+        h = chunk_hash(piece)
+        hashes.append(h)
+        chunks.append((h, len(piece)))
+        if i not in skip:
+            store.put(manifests.chunk_key(h), encode_chunk(piece)[0])
+    m = Manifest(size=len(data), mode=0o100644, mtime_ns=mtime_ns, chunks=tuple(chunks),
+                 chunk_size=CHUNK, writer=writer)
+    store.put(manifests.file_key(path), m.to_json())
+    return hashes
+
+
+def flip_byte(store: Store, chunk: str) -> None:
+    """Damage one payload byte of a stored chunk (random data: stored raw)."""
+    key = manifests.chunk_key(chunk)
+    blob = bytearray(store.get(key))
+    blob[HEADER_SIZE + 10] ^= 0xFF
+    store.put(key, bytes(blob))
+
+
+def checkpoint(store: Store, dir_path: str, writer: str = "node-a", mtime_ns: int = T0,
+               skip: tuple[int, ...] = ()) -> None:
+    put_file(store, f"{dir_path}/model.pt", random_bytes(3 * CHUNK + 100), writer, mtime_ns, skip)
+    put_file(store, f"{dir_path}/config.json", b'{"lr": 0.1}', writer, mtime_ns)
+
+
+def s3_url(store: S3Store) -> str:
+    return f"s3://{store.bucket}/{store.prefix.rstrip('/')}"

@@ -1,0 +1,50 @@
+"""config: option values (sizes), the default cache directory, MountConfig's checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ckptfs.config import MountConfig, default_cache_dir, parse_size
+from ckptfs.errors import ConfigError
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("4096", 4096), ("0", 0), ("1K", 1024), ("512M", 512 << 20), ("16G", 16 << 30),
+    ("1T", 1 << 40), ("1.5G", 3 << 29), ("64k", 64 << 10), ("2MB", 2 << 20),
+    ("2MiB", 2 << 20), (" 8 M ", 8 << 20), ("100B", 100)])
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "M", "12Q", "-1M", "1..5G", "one", "1 2M", "0x10"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ConfigError, match="--cache-size") as e:
+        parse_size(text, "--cache-size")
+    assert repr(text) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_default_cache_dir_is_per_user_and_per_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    a, b = default_cache_dir("s3://bucket/a"), default_cache_dir("s3://bucket/b")
+    assert a.startswith("/xdg/ckptfs/") and b.startswith("/xdg/ckptfs/") and a != b
+    assert default_cache_dir("s3://bucket/a") == a  # stable: a remount finds its journal
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert default_cache_dir("s3://bucket/a") == "/home/someone/.cache/ckptfs/" + (
+        os.path.basename(a))
+
+
+def test_mount_config_defaults_and_checks() -> None:
+    c = MountConfig("store", "/mnt")
+    assert c.node_id  # the host name when not given
+    assert c.upload_threads >= 1 and c.fetch_threads >= 1 and c.cache_size > 0
+    assert MountConfig("store", "/mnt", node_id="n7").node_id == "n7"
+    for bad, message in ((dict(upload_threads=0), "--upload-threads must be at least 1"),
+                         (dict(fetch_threads=0), "--fetch-threads must be at least 1"),
+                         (dict(uploads_while_writing=-1),
+                          "--uploads-while-writing must be at least 0")):
+        with pytest.raises(ConfigError, match=message):
+            MountConfig("store", "/mnt", **bad)  # type: ignore[arg-type]
+    assert MountConfig("store", "/mnt", uploads_while_writing=0).uploads_while_writing == 0

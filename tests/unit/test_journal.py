@@ -1,0 +1,118 @@
+"""journal: the SQLite journal of pending chunks and metadata ops."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from ckptfs.chunking import MIN_CHUNK_SIZE
+from ckptfs.errors import JournalError
+from ckptfs.journal import Journal, PendingChunk, read_lost
+
+CS = MIN_CHUNK_SIZE  # the smallest legal chunk size keeps the arithmetic readable
+H1 = "0" * 32
+H2 = "0123456789abcdef" * 2
+
+
+def test_journal_survives_reopen(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "journal.sqlite")
+    j = Journal(path)
+    assert j.counts() == (0, 0)
+    c1, c2 = PendingChunk(H1, 2, 0, 100), PendingChunk(H2, 1, CS, 5)
+    seqs = j.add_chunks([c1, c2], [("put_file", "a", None, b"{}"),
+                                   ("rename_file", "a", "b", None)])
+    assert len(seqs) == 2 and seqs[0] < seqs[1]
+    seq3 = j.add_op("delete_file", "b")
+    assert seq3 > seqs[1]
+    j.add_chunks([PendingChunk(H1, 9, 9, 9)])  # same hash: the first location is kept
+    j.set_meta("writer", "node-7")
+    assert j.counts() == (2, 3)
+    j.close()
+
+    j = Journal(path)
+    assert j.counts() == (2, 3)
+    assert sorted(j.pending_chunks(), key=lambda c: c.hash) == [c1, c2]
+    assert j.pending_chunks() == [c2, c1]  # ordered by staging file, then offset
+    ops = j.pending_ops()
+    assert [o.seq for o in ops] == [*seqs, seq3]
+    assert [(o.kind, o.path, o.path2, o.body) for o in ops] == [
+        ("put_file", "a", None, b"{}"), ("rename_file", "a", "b", None),
+        ("delete_file", "b", None, None)]
+    assert j.get_meta("writer") == "node-7" and j.get_meta("other") is None
+    j.close()
+
+
+def test_journal_ops_in_seq_order_and_remove(tmp_path: os.PathLike[str]) -> None:
+    j = Journal(os.path.join(tmp_path, "j.sqlite"))
+    seqs = [j.add_op("put_dir", f"d{i}", body=b"x") for i in range(20)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 20
+    j.remove_ops(seqs[5:10])
+    j.remove_ops([seqs[0], 10_000])  # an unknown seq is ignored
+    assert [o.path for o in j.pending_ops()] == [f"d{i}" for i in (1, 2, 3, 4, *range(10, 20))]
+    newer = j.add_op("put_dir", "last")
+    assert newer > seqs[-1]  # seqs are never reused
+    assert j.pending_ops()[-1].path == "last"
+    j.add_chunks([PendingChunk(H1, 1, 0, 1), PendingChunk(H2, 1, 1, 1)])
+    j.remove_chunk(H1)
+    j.remove_chunk("f" * 32)  # absent: no error
+    assert [c.hash for c in j.pending_chunks()] == [H2]
+    assert j.counts() == (1, 15)
+    j.close()
+
+
+def test_journal_names_the_files_that_lost_a_chunk(tmp_path: os.PathLike[str]) -> None:
+    """A lost chunk is reported by the path of every file that needs it, followed through
+    renames (of the file and of its directory, not of a sibling with a longer name), and
+    forgotten when the file is deleted or rewritten without it; not on chmod."""
+    path = os.path.join(tmp_path, "j.sqlite")
+    j = Journal(path)
+    body = json.dumps({"chunks": [[H1, 1], [H2, 1]]}).encode()
+    chunks = [PendingChunk(H1, 1, 0, 1), PendingChunk(H2, 1, 1, 1)]
+    j.add_chunks(chunks, [("put_file", "ckpt/a.pt", None, body)], "ckpt/a.pt")
+    j.add_chunks(chunks[:1], [("put_file", "ckpt2/b.pt", None, body)], "ckpt2/b.pt")
+    j.add_op("rename_dir", "ckpt", "step-1")
+    assert sorted(j.mark_lost(H1, "damaged")) == ["ckpt2/b.pt", "step-1/a.pt"]
+    assert j.pending_chunks() == [chunks[1]]  # no longer tracked for upload
+    j.add_op("put_file", "step-1/a.pt", body=body)  # chmod: same chunks, still lost
+    j.add_op("rename_file", "step-1/a.pt", "step-1/final.pt")
+    j.close()
+    j = Journal(path)  # survives a restart
+    assert [(f.path, f.hash, f.reason) for f in j.lost_files()] == [
+        ("ckpt2/b.pt", H1, "damaged"), ("step-1/final.pt", H1, "damaged")]
+    j.add_op("delete_file", "ckpt2/b.pt")
+    j.add_chunks([PendingChunk(H2, 2, 0, 1)], [(
+        "put_file", "step-1/final.pt", None, json.dumps({"chunks": [[H2, 1]]}).encode())],
+        "step-1/final.pt")  # rewritten without the lost chunk
+    assert j.lost_files() == []
+    assert read_lost(path) == []
+    j.close()
+
+
+def test_journal_failed_transaction_rolls_back(tmp_path: os.PathLike[str]) -> None:
+    j = Journal(os.path.join(tmp_path, "j.sqlite"))
+    with pytest.raises(JournalError):
+        # the second op has a NULL kind: the whole transaction, chunks included, is undone
+        j.add_chunks([PendingChunk(H1, 1, 0, 1)], [("put_file", "a", None, None),
+                                                   (None, "b", None, None)])  # type: ignore[list-item]
+    assert j.counts() == (0, 0)
+    j.add_op("put_file", "c")
+    assert j.counts() == (0, 1)
+    j.close()
+
+
+def test_journal_file_mode(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "journal.sqlite")
+    old = os.umask(0o022)
+    try:
+        j = Journal(path)
+        j.add_op("put_file", "secret/name.pt", body=b"{}")
+        # the WAL holds the same data as the database until a checkpoint
+        for p in (path, path + "-wal", path + "-shm"):
+            assert stat.S_IMODE(os.stat(p).st_mode) == 0o600, p
+        j.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -1,0 +1,152 @@
+"""manifests: the format v1 records (Manifest, StoreInfo, DirMarker) and store keys."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from ckptfs import manifests
+from ckptfs.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from ckptfs.errors import FormatError, InvalidKeyError
+from ckptfs.manifests import Manifest, StoreInfo
+
+CS = MIN_CHUNK_SIZE  # the smallest legal chunk size keeps the arithmetic readable
+H1 = "0" * 32
+H2 = "0123456789abcdef" * 2
+
+
+def test_manifest_roundtrip_file() -> None:
+    m = Manifest(size=CS + 5, mode=stat.S_IFREG | 0o640, mtime_ns=1_700_000_000_123_456_789,
+                 chunks=((H1, CS), (H2, 5)), chunk_size=CS, writer="node-1")
+    back = Manifest.from_json(m.to_json())
+    assert back == m
+    assert not back.is_symlink
+    assert back.chunk_offsets() == [0, CS, CS + 5]
+    offs = back.chunk_offsets()
+    assert [back.chunk_at(offs, o) for o in (0, CS - 1, CS, CS + 4)] == [0, 0, 1, 1]
+
+
+def test_manifest_roundtrip_empty_file_and_symlink() -> None:
+    empty = Manifest(size=0, mode=stat.S_IFREG | 0o600, mtime_ns=1)
+    assert Manifest.from_json(empty.to_json()) == empty
+    link = Manifest(size=9, mode=stat.S_IFLNK | 0o777, mtime_ns=42, target="../a/b.pt",
+                    writer="w")
+    blob = link.to_json()
+    assert "chunks" not in json.loads(blob)
+    back = Manifest.from_json(blob)
+    assert back == link
+    assert back.is_symlink and back.target == "../a/b.pt"
+    assert stat.S_ISLNK(back.mode)
+
+
+def test_manifest_regular_mode_normalised() -> None:
+    d = json.loads(Manifest(size=0, mode=0o644, mtime_ns=0).to_json())
+    d["mode"] = stat.S_IFDIR | 0o4755  # a file manifest can only describe a regular file
+    m = Manifest.from_json(json.dumps(d).encode())
+    assert m.mode == stat.S_IFREG | 0o4755
+
+
+def _manifest_dict(**changes: object) -> bytes:
+    d: dict[str, object] = json.loads(
+        Manifest(size=10, mode=stat.S_IFREG | 0o644, mtime_ns=5,
+                 chunks=((H1, 4), (H2, 6)), chunk_size=CS).to_json())
+    d.update(changes)
+    return json.dumps(d).encode()
+
+
+def test_manifest_helper_is_valid() -> None:
+    assert Manifest.from_json(_manifest_dict()).size == 10
+
+
+@pytest.mark.parametrize("blob", [
+    _manifest_dict(v=2),
+    _manifest_dict(size=11),  # chunk lengths add up to 10
+    _manifest_dict(size=-10, chunks=[[H1, -4], [H2, -6]]),
+    _manifest_dict(chunks=[[H1[:-1], 4], [H2, 6]]),  # 31 hex digits
+    _manifest_dict(chunks=[["z" * 32, 4], [H2, 6]]),  # not hex
+    _manifest_dict(chunks=[["../../../../../etc/passwd" + "x" * 7, 4], [H2, 6]]),
+    _manifest_dict(chunks=[[H1.upper().replace("0", "A"), 4], [H2, 6]]),  # not lowercase
+    _manifest_dict(chunks=[[H1, 4, 9], [H2, 6]]),
+    _manifest_dict(chunks=[[H1, "four"], [H2, 6]]),
+    _manifest_dict(chunks=None),
+    _manifest_dict(mode="rw"),
+    _manifest_dict(v="one"),
+    b"",
+    b"garbage",
+    b"\xff\xfe\x00",
+    b"[]",
+    b"null",
+    b"42",
+    b"{}",
+    b'{"v": 1}',
+])
+def test_manifest_rejects(blob: bytes) -> None:
+    with pytest.raises(FormatError):
+        Manifest.from_json(blob)
+
+
+def test_manifest_newer_version_message() -> None:
+    with pytest.raises(FormatError, match="newer"):
+        Manifest.from_json(_manifest_dict(v=manifests.FORMAT_VERSION + 1))
+
+
+def test_store_info_roundtrip_and_checks() -> None:
+    info = StoreInfo(chunk_size=CS, created_by="test", created_at=12.5)
+    assert StoreInfo.from_json(info.to_json()) == info
+    d = json.loads(info.to_json())
+    d["format"] = manifests.FORMAT_VERSION + 1
+    with pytest.raises(FormatError, match=r"newer than this ckptfs.*upgrade ckptfs"):
+        StoreInfo.from_json(json.dumps(d).encode())
+    d["format"] = 1
+    d["hash"] = "sha256"
+    with pytest.raises(FormatError, match="sha256"):
+        StoreInfo.from_json(json.dumps(d).encode())
+    for blob in (b"", b"nope", b"[]", b"{}", b'{"format": 1}', b'{"format": 1, "chunk_size": "x"}',
+                 b'{"format": 1, "chunk_size": 0}',
+                 b'{"format": 1, "chunk_size": %d}' % (MAX_CHUNK_SIZE * 2)):
+        with pytest.raises(FormatError):
+            StoreInfo.from_json(blob)
+    assert StoreInfo.from_json(b'{"format": 1, "chunk_size": %d}' % CS).chunk_size == CS
+
+
+@pytest.mark.parametrize("path", ["a", "a/b", "a b/c.pt", ".hidden", "a..b", "...", ""])
+def test_check_path_accepts(path: str) -> None:
+    assert manifests.check_path(path) == path
+
+
+@pytest.mark.parametrize("path", [
+    "..", "a/..", "../a", "a/../b", ".", "a/./b", "/a", "/", "a//b", "a/", "//", "a\0b", "\0"])
+def test_check_path_rejects(path: str) -> None:
+    with pytest.raises(InvalidKeyError):
+        manifests.check_path(path)
+
+
+def test_keys() -> None:
+    assert manifests.file_key("a/b.pt") == "files/a/b.pt"
+    assert manifests.dir_key("a/b") == "files/a/b/"
+    assert manifests.dir_key("") == "files/"
+    assert manifests.dir_prefix("a") == "files/a/"
+    assert manifests.chunk_key(H2) == f"chunks/01/{H2}"
+    assert manifests.join("", "x") == "x" and manifests.join("a/b", "x") == "a/b/x"
+    for p in ("a", "a/b", "d/e/f.bin"):
+        assert manifests.path_of_key(manifests.file_key(p)) == p
+        assert manifests.path_of_key(manifests.dir_key(p)) == p
+    assert manifests.path_of_key("files/") == ""
+    for bad in ("chunks/00/" + H1, "file/a", "files/../x", "files//a", "files/a/../b", "x"):
+        with pytest.raises(InvalidKeyError):
+            manifests.path_of_key(bad)
+    for bad in ("../x", "/x", "a/../b", "a\0"):
+        with pytest.raises(InvalidKeyError):
+            manifests.file_key(bad)
+        with pytest.raises(InvalidKeyError):
+            manifests.dir_key(bad)
+
+
+def test_dir_marker_roundtrip() -> None:
+    m = manifests.DirMarker(mode=stat.S_IFDIR | 0o700, mtime_ns=99)
+    assert manifests.DirMarker.from_json(m.to_json()) == m
+    assert manifests.DirMarker.from_json(b"") == manifests.DirMarker()
+    with pytest.raises(FormatError):
+        manifests.DirMarker.from_json(b"not json")
