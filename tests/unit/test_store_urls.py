@@ -53,3 +53,32 @@ def test_open_store_file_is_not_a_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"")
     with pytest.raises(ConfigError, match="store directory does not exist"):
         open_store(str(tmp_path / "f"))
+
+
+def test_storage_class_only_for_s3_chunks_and_refusal_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk PUTs carry the class, other PUTs do not; a class the server refuses is a
+    one-line ConfigError from the mount's probe, naming the class and the server's code."""
+    from botocore.exceptions import ClientError
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with pytest.raises(ConfigError, match="s3:// stores only"):
+        open_store(str(tmp_path), storage_class="STANDARD_IA")
+    store = open_store("s3://bucket/p", endpoint_url="http://127.0.0.1:9",
+                       storage_class="STANDARD_IA")
+    assert isinstance(store, S3Store)
+    sent: list[dict[str, object]] = []
+    monkeypatch.setattr(store._client, "put_object", lambda **kw: sent.append(kw))
+    store.put("chunks/ab/" + "ab" * 16, b"x")
+    store.put("files/model.pt", b"{}")
+    assert [kw.get("StorageClass") for kw in sent] == ["STANDARD_IA", None]
+
+    def refuse(**kw: object) -> None:
+        raise ClientError({"Error": {"Code": "InvalidStorageClass", "Message": "no"},
+                           "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutObject")
+
+    monkeypatch.setattr(store._client, "put_object", refuse)
+    with pytest.raises(ConfigError) as e:
+        store.check_storage_class()
+    assert "--storage-class STANDARD_IA" in str(e.value)
+    assert "InvalidStorageClass" in str(e.value) and "\n" not in str(e.value)
