@@ -13,7 +13,8 @@ Read-cache files found at startup are served only once re-hashed (`verify_cached
 bit flipped on the cache disk, or a file cut short by a crash, must never be read.
 Clean data (uploaded staging files, fetched chunks) is evicted least-recently-used first
 when the cache is over its size limit; dirty data is never evicted (writers wait
-instead, see filesystem.py).
+instead, see filesystem.py), and neither is a staging file whose version's manifest is
+not yet in the store (its chunks may be needed again: see publisher.py).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class StagingFile:
     dirty: dict[int, int] = field(default_factory=dict)  # chunk offset -> bytes not in store
     pending: int = 0  # sealed chunks still to upload
     writers: int = 0  # open write buffers using this file
+    # unapplied put_file ops of this version: their manifest may need its chunks again
+    # (publisher.py, re-confirmation of an old manifest), so the file stays until applied
+    unpublished: int = 0
     indexed: set[str] = field(default_factory=set)  # hashes readable from here (locate())
 
 
@@ -119,7 +123,8 @@ class LocalCache:
     # -- startup -------------------------------------------------------------------
     def scan(self, keep_staging: set[int]) -> None:
         """Index the read cache (unverified: see verify_cached); delete staging files
-        the journal no longer needs."""
+        the journal no longer needs (`keep_staging`: Journal.staging_in_use(), those with
+        journaled chunks or an unapplied put_file op)."""
         for name in os.listdir(self.staging_dir):
             sid = int(name) if name.isdigit() else -1
             self._next_staging_id = max(self._next_staging_id, sid + 1)
@@ -184,7 +189,7 @@ class LocalCache:
 
     def release_staging(self, st: StagingFile) -> None:
         """Called when a staging file may have become clean: make it evictable, or drop it."""
-        if st.writers or st.pending or st.id not in self.staging:
+        if st.writers or st.pending or st.unpublished or st.id not in self.staging:
             return
         if not st.sealed or not (st.indexed or st.dirty):
             # never published (deleted while open), or it serves no chunk (an empty
@@ -198,8 +203,8 @@ class LocalCache:
         deleted file): its page cache and disk space are free at once, for the next
         checkpoint of a rotation to reuse, instead of when LRU eviction reaches them."""
         for st in {self._in_staging[h][0] for h in hashes if h in self._in_staging}:
-            if (st.sealed and not st.writers and not st.pending and not st.dirty
-                    and st.indexed <= hashes):
+            if (st.sealed and not st.writers and not st.pending and not st.unpublished
+                    and not st.dirty and st.indexed <= hashes):
                 self.drop_staging(st)
 
     def drop_staging(self, st: StagingFile) -> None:
@@ -384,7 +389,7 @@ class LocalCache:
             elif self._clean_staging:
                 sid, _ = self._clean_staging.popitem(last=False)
                 st = self.staging.get(sid)
-                if st is None:
+                if st is None or st.unpublished:  # released again once its op is applied
                     continue
                 size = st.extent - sum(st.holes.values())
                 self.drop_staging(st)

@@ -310,7 +310,7 @@ def cmd_umount(a: argparse.Namespace) -> int:
     lost = journal_lost(cache_dir)
     if lost:
         names = sorted({f.path for f in lost})
-        raise CliError(f"unmounted, but {len(names)} files lost data before it reached the "
+        raise CliError(f"unmounted, but {len(names)} files lost data that is not in the "
                        f"store (rewrite or delete them): {', '.join(names)}")
     if final.get("problems"):
         raise CliError(f"unmounted, but some data could not be saved: "

@@ -272,19 +272,21 @@ class CheckpointFS:
 
     async def _submit(self, kind: str, path: str, path2: str | None = None,
                       body: bytes | None = None, chunks: list[PendingChunk] | None = None,
-                      wait: bool = True, changing: list[tuple[DirNode, str]] | None = None
-                      ) -> int:
+                      wait: bool = True, changing: list[tuple[DirNode, str]] | None = None,
+                      staging_id: int | None = None) -> int:
         """Journal a metadata op (and chunks), queue it, optionally wait until applied.
 
-        `changing` (from _changing) are the directory entries the op changes.
+        `changing` (from _changing) are the directory entries the op changes;
+        `staging_id`, for a put_file of a version written here, its staging file.
         """
         seq = 0
         try:
             crash_point(f"before_journal_{kind}")
-            [seq] = await self.uploader.persist(chunks or [], [(kind, path, path2, body)],
-                                                path if chunks else None)
+            journaled_at = time.time()
+            [seq] = await self.uploader.persist(
+                chunks or [], [(kind, path, path2, body, staging_id)], path if chunks else None)
             crash_point(f"journaled_{kind}")
-            await self.publisher.add(Op(seq, kind, path, path2, body))
+            await self.publisher.add(Op(seq, kind, path, path2, body, journaled_at, staging_id))
         finally:
             for dnode, name in changing or ():
                 dnode.recent.end(name, seq)
@@ -659,7 +661,8 @@ class CheckpointFS:
             # close/fsync report the error; nothing is half published
             await self._submit("put_file", node.path, body=m.to_json(),
                                chunks=version.pending,
-                               changing=self._changing((node.parent, node.name)))
+                               changing=self._changing((node.parent, node.name)),
+                               staging_id=buf.staging.id)
             self.published_bytes += m.size
         buf.published(version, journaled=not node.removed)
         node.buffer = None
@@ -724,7 +727,7 @@ class CheckpointFS:
         """Data this mount could not save, one line each (status `errors`, the log)."""
         out = [f"could not publish {n.path}; its data is not saved: {n.publish_error}"
                for n in self.table.open_buffers() if n.publish_error]
-        out += [f"DATA LOST: {f.path}: chunk {f.hash} never reached the store: {f.reason}; "
+        out += [f"DATA LOST: {f.path}: chunk {f.hash} is not in the store: {f.reason}; "
                 f"rewrite or delete the file" for f in self.uploader.lost_files()]
         return out
 

@@ -7,10 +7,15 @@ Tables written before an operation is acknowledged and cleared when the store ha
 - ``chunk_paths``: which files (paths) need each of those chunks, kept up to date
   through renames and deletes, so that a lost chunk can be reported by file name;
 - ``ops``: metadata operations (manifest puts, deletes, renames) still to apply to the
-  store, applied strictly in ``seq`` order;
+  store, applied strictly in ``seq`` order; each with the time it was journaled (this
+  node's wall clock) and, for a manifest put of a version written here, the staging file
+  that holds the version's local chunks: a manifest published long after it was
+  journaled has its chunks re-confirmed first (publisher.py), and may need them again;
 - ``lost``: files that lost a chunk before it reached the store (its staged bytes were
-  gone or damaged). A row stays, and status, the log and umount report it, until the
-  file is rewritten without that chunk or deleted.
+  gone or damaged), or whose old manifest, re-confirmed before its late publish, names a
+  chunk gone from the store with no copy left (publisher.py). A row stays, and status,
+  the log and umount report it, until the file is rewritten without that chunk or
+  deleted.
 
 All methods block; the filesystem calls them through one thread (a limiter of size 1),
 so a single connection is used. WAL mode with synchronous=FULL: a commit survives a
@@ -25,7 +30,8 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import wraps
 from typing import ParamSpec, TypeVar
@@ -62,7 +68,9 @@ CREATE TABLE IF NOT EXISTS ops (
     kind TEXT NOT NULL,
     path TEXT NOT NULL,
     path2 TEXT,
-    body BLOB
+    body BLOB,
+    journaled_at REAL,
+    staging_id INTEGER
 );
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -80,6 +88,22 @@ CREATE TABLE IF NOT EXISTS lost (
     PRIMARY KEY (path, hash)
 );
 """
+#: columns added to a table after its first release: (table, column, type). A journal
+#: written before gets them at open (ALTER TABLE), NULL in its old rows
+ADDED_COLUMNS = (("ops", "journaled_at", "REAL"), ("ops", "staging_id", "INTEGER"))
+
+#: an op to journal: (kind, path, path2, body), and for the put_file of a version written
+#: on this node, a fifth item: the id of the staging file that holds it
+OpRecord = (tuple[str, str, str | None, bytes | None]
+            | tuple[str, str, str | None, bytes | None, int | None])
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add the columns a journal from an older ckptfs lacks."""
+    for table, column, kind in ADDED_COLUMNS:
+        have = {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def _counts(db: sqlite3.Connection) -> tuple[int, int]:
@@ -116,15 +140,20 @@ def read_lost(path: str) -> list[LostFile]:
         db.close()
 
 
+def _chunk_hashes(body: bytes | None) -> list[str]:
+    """The chunk names a put_file op's manifest lists ([] if it lists none or is unreadable)."""
+    try:
+        return [str(c[0]) for c in json.loads(body or b"{}").get("chunks", ())]
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return []
+
+
 def _follow_op(cur: sqlite3.Cursor, kind: str, path: str, path2: str | None,
                body: bytes | None) -> None:
     """Keep chunk_paths and lost naming the right files after a namespace op."""
     for table in ("chunk_paths", "lost"):
         if kind == "put_file":  # a new version: forget what it no longer references
-            try:
-                hashes = [str(c[0]) for c in json.loads(body or b"{}").get("chunks", ())]
-            except (ValueError, TypeError, IndexError, AttributeError):
-                hashes = []
+            hashes = _chunk_hashes(body)
             marks = ",".join("?" * len(hashes))
             cur.execute(f"DELETE FROM {table} WHERE path = ? AND hash NOT IN ({marks})",
                         (path, *hashes))
@@ -137,6 +166,26 @@ def _follow_op(cur: sqlite3.Cursor, kind: str, path: str, path2: str | None,
             n = len(path) + 1
             cur.execute(f"UPDATE OR REPLACE {table} SET path = ? || substr(path, ?) "
                         f"WHERE substr(path, 1, ?) = ?", (path2, n, n, path + "/"))
+
+
+def followed(path: str, chunk_hash: str,
+             ops: Iterable[tuple[str, str, str | None, bytes | None]]) -> str | None:
+    """Where the file at `path`, with the chunk `chunk_hash`, is after `ops` (kind, path,
+    path2, body) in order, as _follow_op moves a row; None once they delete the file or
+    replace it with a version without that chunk."""
+    for kind, op_path, path2, body in ops:
+        if kind == "put_file" and op_path == path and chunk_hash not in _chunk_hashes(body):
+            return None
+        if kind == "delete_file" and op_path == path:
+            return None
+        if kind == "rename_file" and path2 is not None:
+            if op_path == path:
+                path = path2
+            elif path2 == path:
+                return None
+        elif kind == "rename_dir" and path2 is not None and path.startswith(op_path + "/"):
+            path = path2 + path[len(op_path):]
+    return path
 
 
 @dataclass(frozen=True)
@@ -167,6 +216,10 @@ class Op:
     path: str
     path2: str | None = None
     body: bytes | None = None
+    #: when it was journaled (time.time() of this node); None: unknown, so long ago
+    journaled_at: float | None = None
+    #: put_file of a version written here: the staging file of that version
+    staging_id: int | None = None
 
 
 class Journal:
@@ -183,6 +236,7 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        _migrate(self._db)
         self._lost = _lost(self._db)  # read often (status), changed rarely
 
     def close(self) -> None:
@@ -205,11 +259,12 @@ class Journal:
 
     # -- chunks -------------------------------------------------------------------
     @_journal_errors
-    def add_chunks(self, chunks: list[PendingChunk], ops: list[tuple[str, str, str | None,
-                   bytes | None]] = (), path: str | None = None  # type: ignore[assignment]
-                   ) -> list[int]:
+    def add_chunks(self, chunks: list[PendingChunk], ops: Iterable[OpRecord] = (),
+                   path: str | None = None) -> list[int]:
         """Record chunks to upload (needed by the file at `path`) and ops to apply, in one
-        transaction; returns the ops' sequence numbers."""
+        transaction; returns the ops' sequence numbers. Each op is stamped with the
+        current time (see Op.journaled_at)."""
+        now = time.time()
         with self._transaction() as cur:
             cur.executemany(
                 "INSERT OR IGNORE INTO chunks(hash, staging_id, offset, length) "
@@ -221,9 +276,12 @@ class Journal:
                                 rows)
                 cur.executemany("DELETE FROM lost WHERE hash = ? AND path = ?", rows)
             seqs = []
-            for kind, op_path, path2, body in ops:
-                cur.execute("INSERT INTO ops(kind, path, path2, body) VALUES (?, ?, ?, ?)",
-                            (kind, op_path, path2, body))
+            for op in ops:
+                kind, op_path, path2, body = op[:4]
+                staging_id = op[4] if len(op) == 5 else None
+                cur.execute("INSERT INTO ops(kind, path, path2, body, journaled_at, staging_id) "
+                            "VALUES (?, ?, ?, ?, ?, ?)",
+                            (kind, op_path, path2, body, now, staging_id))
                 seqs.append(int(cur.lastrowid or 0))
                 _follow_op(cur, kind, op_path, path2, body)
         if self._lost:
@@ -233,9 +291,9 @@ class Journal:
 
     @_journal_errors
     def add_op(self, kind: str, path: str, path2: str | None = None,
-               body: bytes | None = None) -> int:
+               body: bytes | None = None, staging_id: int | None = None) -> int:
         """Record one metadata op; returns its sequence number."""
-        return self.add_chunks([], [(kind, path, path2, body)])[0]
+        return self.add_chunks([], [(kind, path, path2, body, staging_id)])[0]
 
     @_journal_errors
     def remove_chunk(self, chunk_hash: str) -> None:
@@ -258,6 +316,23 @@ class Journal:
             self._lost = _lost(self._db)
         return [f.path for f in self._lost if f.hash == chunk_hash]
 
+    @_journal_errors
+    def mark_lost_file(self, seq: int, path: str, chunk_hash: str, reason: str) -> str | None:
+        """A chunk of the manifest that op `seq` puts at `path` is in the store no more
+        and cannot be put back: record the file as lost, under the name the ops journaled
+        after `seq` give it (none if they delete it or rewrite it without the chunk).
+        Returns that name, or None when nothing was recorded."""
+        with self._transaction() as cur:
+            later = cur.execute("SELECT kind, path, path2, body FROM ops WHERE seq > ? "
+                                "ORDER BY seq", (seq,)).fetchall()
+            now = followed(path, chunk_hash, later)
+            if now is not None:
+                cur.execute("INSERT OR REPLACE INTO lost(path, hash, reason) VALUES (?, ?, ?)",
+                            (now, chunk_hash, reason))
+        with self._lock:
+            self._lost = _lost(self._db)
+        return now
+
     def lost_files(self) -> list[LostFile]:
         """Files that lost data (see the module docstring); no database read."""
         return self._lost
@@ -270,6 +345,29 @@ class Journal:
             ).fetchall()
         return [PendingChunk(*r) for r in rows]
 
+    @_journal_errors
+    def journaled_among(self, hashes: Iterable[str]) -> set[str]:
+        """Those of `hashes` that are journaled for upload (not yet in the store)."""
+        wanted = list(hashes)
+        found: set[str] = set()
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i:i + 500]
+                found.update(str(r[0]) for r in self._db.execute(
+                    f"SELECT hash FROM chunks WHERE hash IN ({','.join('?' * len(part))})",
+                    part))
+        return found
+
+    @_journal_errors
+    def staging_in_use(self) -> set[int]:
+        """The staging files the journal needs: those holding journaled chunks, and those
+        of versions whose put_file op is not applied yet (LocalCache.scan keeps them)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT staging_id FROM chunks UNION "
+                "SELECT staging_id FROM ops WHERE staging_id IS NOT NULL").fetchall()
+        return {int(r[0]) for r in rows}
+
     # -- ops ----------------------------------------------------------------------
     @_journal_errors
     def remove_ops(self, seqs: list[int]) -> None:
@@ -280,7 +378,8 @@ class Journal:
     def pending_ops(self) -> list[Op]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT seq, kind, path, path2, body FROM ops ORDER BY seq").fetchall()
+                "SELECT seq, kind, path, path2, body, journaled_at, staging_id FROM ops "
+                "ORDER BY seq").fetchall()
         return [Op(*r) for r in rows]
 
     @_journal_errors

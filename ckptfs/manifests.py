@@ -19,6 +19,7 @@ FORMAT_VERSION = 1
 INFO_KEY = "ckptfs.json"
 FILES = "files/"
 CHUNKS = "chunks/"
+FOSSILS = "fossils/"  # chunks set aside by ckptfs gc: deleted later unless referenced again
 INTENTS = "intents/"  # directory renames in progress (publisher.roll_forward_intents)
 #: a chunk name as codec.chunk_hash() writes it: xxh3-128 in lowercase hex
 CHUNK_NAME = re.compile(r"[0-9a-f]{32}")
@@ -59,6 +60,11 @@ def dir_prefix(path: str) -> str:
 def chunk_key(chunk_hash: str) -> str:
     """Key of a chunk: sharded by the first two hex digits of its name."""
     return f"{CHUNKS}{chunk_hash[:2]}/{chunk_hash}"
+
+
+def fossil_key(chunk_hash: str) -> str:
+    """Key of a chunk that gc has set aside (moved out of chunks/), sharded the same way."""
+    return f"{FOSSILS}{chunk_hash[:2]}/{chunk_hash}"
 
 
 def path_of_key(key: str) -> str:

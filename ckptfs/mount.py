@@ -222,7 +222,7 @@ def prepare(cfg: MountConfig) -> Prepared:
     if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely
         journal.set_meta("cache_id", uuid.uuid4().hex[:8])
     cache = LocalCache(cfg.cache_dir, cfg.cache_size)
-    cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})
+    cache.scan(keep_staging=journal.staging_in_use())
     return Prepared(cfg, store, info, journal, cache, lock_fd, notices)
 
 
@@ -259,7 +259,7 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                             cfg.uploads_while_writing)
         fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
         publisher = Publisher(p.store, p.journal, journal_limiter,
-                              f"{cfg.node_id}-{p.journal.get_meta('cache_id')}")
+                              f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache)
         meta_limiter = trio.CapacityLimiter(16)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
         sock_path = control_socket_path(cfg.cache_dir)

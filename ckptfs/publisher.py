@@ -15,6 +15,17 @@ rolls it forward on this node. A directory rename is also recorded in the store
 (intents/<node>-<seq>.json) while it runs, so that if this node is lost halfway, the next
 mount on ANY node rolls it forward (roll_forward_intents). Runs of deletes are sent as
 one batched delete.
+
+A manifest names chunks that `ckptfs gc` may set aside (chunks/ -> fossils/) or delete
+once no manifest references them and they are older than its grace period. A chunk
+uploaded (or found by a HEAD) at a file's close is safe because its manifest follows
+within moments. A put_file op applied more than CONFIRM_WINDOW after it was journaled
+(a node down or cut off from the store for a long time) is re-confirmed first
+(docs/FORMAT.md, write order): every chunk of its manifest not journaled for upload
+here is HEADed; a missing one is copied back from fossils/, or else uploaded again from
+the version's staging file, which the cache keeps until the op is applied
+(StagingFile.unpublished); a chunk that neither holds is recorded as lost in the journal
+(status, the log and umount name the file) and the manifest is published all the same.
 """
 
 from __future__ import annotations
@@ -28,7 +39,8 @@ from typing import Any
 
 import trio
 
-from . import manifests
+from . import codec, manifests
+from .cache import LocalCache, pread_scratch
 from .crashpoints import crash_point
 from .errors import (
     CkptfsError,
@@ -39,6 +51,7 @@ from .errors import (
     StoreError,
 )
 from .journal import Journal, Op
+from .manifests import Manifest
 from .retry import BACKGROUND, STORE_CALL, retrying
 from .store.base import Store
 
@@ -46,6 +59,15 @@ log = logging.getLogger(__name__)
 
 DELETES = ("delete_file", "delete_dir")
 RENAME_THREADS = 16
+#: seconds: a put_file op applied later than this after it was journaled has its chunks
+#: re-confirmed first (module docstring). Far shorter than any gc grace period, far
+#: longer than a close takes to publish when the store answers.
+CONFIRM_WINDOW = 600.0
+CONFIRM_THREADS = 16  # HEADs and fossil copies of one manifest's chunks at a time
+CONFIRM_UPLOADS = 4  # chunks uploaded again from a staging file at a time (memory)
+LOST_REASON = ("it is gone from the store (ckptfs gc?) and no copy is left (no fossil, "
+               "not in this node's staging file): the manifest waited too long to be "
+               "published")
 
 
 class RetryingStore:
@@ -66,10 +88,12 @@ class Publisher:
     """The single task that makes local metadata changes visible in the store."""
 
     def __init__(self, store: Store, journal: Journal,
-                 journal_limiter: trio.CapacityLimiter, node_id: str = "") -> None:
+                 journal_limiter: trio.CapacityLimiter, node_id: str = "",
+                 cache: LocalCache | None = None) -> None:
         self.store: Store = RetryingStore(store)  # type: ignore[assignment]
         self.node_id = node_id or "node"
         self.journal = journal
+        self.cache = cache  # where the staging files of put_file ops are (None: nowhere)
         self.journal_limiter = journal_limiter
         self.limiter = trio.CapacityLimiter(1)
         self.limiter.name = "publish"  # type: ignore[attr-defined]
@@ -82,6 +106,7 @@ class Publisher:
         self.healthy = True
         self.last_error: str | None = None
         self.applied_ops = 0
+        self._reported: set[tuple[int, str]] = set()  # (op seq, chunk) recorded as lost
 
     def load(self, ops: list[Op]) -> None:
         """Queue ops found in the journal at startup."""
@@ -96,6 +121,20 @@ class Publisher:
         for p in (op.path, op.path2):
             if p is not None:
                 self._pending_paths[p] += 1
+        self._hold_staging(op, 1)
+
+    def _hold_staging(self, op: Op, delta: int) -> None:
+        """Keep the staging file of a put_file op from eviction until the op is applied
+        (delta 1), or let it go (delta -1)."""
+        if op.staging_id is None or self.cache is None:
+            return
+        st = self.cache.staging.get(op.staging_id)
+        if st is None:
+            return
+        st.unpublished += delta
+        if delta < 0:
+            self.cache.release_staging(st)
+            self.cache.evict()
 
     async def add(self, op: Op) -> None:
         """Queue an op already in the journal and wake the applier."""
@@ -150,6 +189,8 @@ class Publisher:
                         break
                     batch.append(op)
             try:
+                if needs_confirmation(batch[0]):
+                    await self._confirm_chunks(batch[0])
                 await trio.to_thread.run_sync(self._apply_sync, batch, limiter=self.limiter)
                 self.last_error = None
             except StoreError as e:
@@ -181,6 +222,7 @@ class Publisher:
                         if not self._pending_paths[p]:
                             del self._pending_paths[p]
                 self.applied_seq = max(self.applied_seq, op.seq)
+                self._hold_staging(op, -1)
             self.applied_ops += len(batch)
             self.healthy = True
             async with self._changed:
@@ -190,7 +232,99 @@ class Publisher:
         return {"pending_ops": len(self._queue), "applied_ops": self.applied_ops,
                 "last_error": self.last_error}
 
+    # -- re-confirming an old manifest's chunks -------------------------------------------
+    async def _confirm_chunks(self, op: Op) -> None:
+        """Make sure every chunk of the manifest of an old put_file op is in the store
+        (module docstring); StoreError if the store fails (the op is retried)."""
+        manifest = manifest_of(op)
+        if manifest is None or not manifest.chunks:
+            return
+        spans: dict[str, list[tuple[int, int]]] = {}  # chunk -> (file offset, length)s
+        for (chunk_hash, length), offset in zip(manifest.chunks, manifest.chunk_offsets(),
+                                                strict=False):
+            spans.setdefault(chunk_hash, []).append((offset, length))
+        try:  # journaled chunks are this node's uploader's to put in the store
+            journaled = await trio.to_thread.run_sync(self.journal.journaled_among, spans,
+                                                      limiter=self.journal_limiter)
+        except JournalError as e:
+            log.warning("could not read the journal (cache disk full?): %s", e)
+            journaled = set()
+        todo = {h: s for h, s in spans.items() if h not in journaled}
+        st = (self.cache.staging.get(op.staging_id)
+              if self.cache is not None and op.staging_id is not None else None)
+        fd = st.fd if st is not None else -1  # kept open: _hold_staging
+        lost = await trio.to_thread.run_sync(self._confirm_sync, op.path, todo, fd,
+                                             limiter=self.limiter)
+        for chunk_hash in lost:
+            if (op.seq, chunk_hash) not in self._reported:
+                await self._record_lost(op, chunk_hash)
+
+    async def _record_lost(self, op: Op, chunk_hash: str) -> None:
+        """Record (in the journal) and log the file that lost this chunk."""
+        try:
+            path = await trio.to_thread.run_sync(self.journal.mark_lost_file, op.seq,
+                                                 op.path, chunk_hash, LOST_REASON,
+                                                 limiter=self.journal_limiter)
+        except JournalError as e:
+            log.error("DATA LOST: %s: chunk %s is not in the store: %s; and the journal "
+                      "cannot record it: %s", op.path, chunk_hash, LOST_REASON, e)
+            return
+        self._reported.add((op.seq, chunk_hash))
+        log.error("DATA LOST: %s: chunk %s is not in the store: %s", path or
+                  f"{op.path} (since deleted or rewritten)", chunk_hash, LOST_REASON)
+
     # -- in a thread ---------------------------------------------------------------------
+    def _confirm_sync(self, path: str, spans: dict[str, list[tuple[int, int]]],
+                      fd: int) -> list[str]:
+        """HEAD each chunk; put back a missing one from fossils/, else from the staging
+        file `fd` (-1: none) at one of its `spans`. Returns the chunks still missing."""
+        start = time.monotonic()
+        with ThreadPoolExecutor(CONFIRM_THREADS) as pool:
+            found = dict(zip(spans, pool.map(self._present_or_restored, spans),
+                             strict=True))
+        missing = [h for h, how in found.items() if how is None]
+        with ThreadPoolExecutor(CONFIRM_UPLOADS) as pool:
+            uploaded = dict(zip(missing, pool.map(
+                lambda h: self._upload_from_staging(h, fd, spans[h]), missing), strict=True))
+        lost = [h for h, ok in uploaded.items() if not ok]
+        restored = sum(1 for how in found.values() if how == "fossil")
+        log.log(logging.WARNING if restored or missing else logging.INFO,
+                "re-confirmed the %d chunks of %s before its late publish in %.2fs: %d "
+                "copied back from fossils/, %d uploaded again from staging, %d lost",
+                len(spans), path, time.monotonic() - start, restored,
+                len(missing) - len(lost), len(lost))
+        return lost
+
+    def _present_or_restored(self, chunk_hash: str) -> str | None:
+        """'present' if the chunk is in the store, 'fossil' if it was just copied back
+        from fossils/, None if neither."""
+        size = self.store.head(manifests.chunk_key(chunk_hash))
+        if size is not None and size >= codec.HEADER_SIZE:  # not a PUT torn by a crash
+            return "present"
+        try:
+            self.store.copy(manifests.fossil_key(chunk_hash), manifests.chunk_key(chunk_hash))
+        except NotFoundError:
+            return None
+        return "fossil"  # the fossil stays: gc deletes it, or restores it, later
+
+    def _upload_from_staging(self, chunk_hash: str, fd: int,
+                             spans: list[tuple[int, int]]) -> bool:
+        """PUT the chunk from the staging file if it holds it at one of `spans` (only
+        the chunks that were local in the version are there: the hash decides)."""
+        if fd < 0:
+            return False
+        for offset, length in spans:
+            try:
+                data = pread_scratch(fd, length, offset)
+            except OSError as e:
+                log.warning("cannot read staging file (fd %d): %s", fd, e)
+                return False
+            if len(data) == length and codec.chunk_hash(data) == chunk_hash:
+                parts, _ = codec.encode_chunk_parts(data)
+                self.store.put_parts(manifests.chunk_key(chunk_hash), parts)
+                return True
+        return False
+
     def _apply_sync(self, batch: list[Op]) -> None:
         if batch[0].kind in DELETES:
             keys = [manifests.file_key(op.path) if op.kind == "delete_file"
@@ -283,3 +417,20 @@ class Publisher:
             self.store.copy(src_key, dst_key)
         except NotFoundError:
             pass
+
+
+def needs_confirmation(op: Op) -> bool:
+    """Whether op is a put_file journaled more than CONFIRM_WINDOW ago (or at an unknown
+    time: a journal from before the time was recorded)."""
+    return op.kind == "put_file" and (op.journaled_at is None
+                                      or time.time() - op.journaled_at > CONFIRM_WINDOW)
+
+
+def manifest_of(op: Op) -> Manifest | None:
+    """The file manifest a put_file op publishes; None for a symlink or a body that is not
+    a manifest (it is PUT as it is: there are no chunks to confirm)."""
+    try:
+        m = Manifest.from_json(op.body or b"")
+    except FormatError:
+        return None
+    return None if m.is_symlink else m

@@ -33,7 +33,7 @@ from . import codec, manifests
 from .cache import LocalCache, StagingFile, pread_scratch
 from .crashpoints import crash_point
 from .errors import JournalError, StoreError, TransientStoreError
-from .journal import Journal, LostFile, PendingChunk
+from .journal import Journal, LostFile, OpRecord, PendingChunk
 from .retry import BACKGROUND, PERMANENT_DELAY
 from .store.base import Store
 
@@ -219,8 +219,8 @@ class Uploader:
         except trio.WouldBlock:
             pass
 
-    async def persist(self, chunks: list[PendingChunk], ops: list[tuple[str, str, str | None,
-                      bytes | None]], path: str | None = None) -> list[int]:
+    async def persist(self, chunks: list[PendingChunk], ops: list[OpRecord],
+                      path: str | None = None) -> list[int]:
         """Journal the chunks not yet in the store (needed by the file at `path`) plus
         metadata ops; queue the uploads.
 

@@ -28,22 +28,24 @@ ROOT = 1
 
 @contextlib.asynccontextmanager
 async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
-               upload_threads: int = 2) -> AsyncIterator[CheckpointFS]:
+               upload_threads: int = 2, publish: bool = True) -> AsyncIterator[CheckpointFS]:
     """A CheckpointFS on the store root/store with its cache in root/cache (kept between
     calls, like a remount with the same --cache-dir). upload=False: nothing reaches the
-    store's chunks (the upload workers are not started)."""
+    store's chunks (the upload workers are not started). publish=False: no metadata op
+    reaches the store (the publisher is not started, and nothing waits for it)."""
     (root / "store").mkdir(parents=True, exist_ok=True)
     store = LocalStore(root / "store")
     info = read_store_info(store) or create_store(store, CHUNK)
     journal = Journal(str(root / "journal.sqlite"))
     cache = LocalCache(str(root / "cache"), cache_size)
-    cache.scan(keep_staging={c.staging_id for c in journal.pending_chunks()})
+    cache.scan(keep_staging=journal.staging_in_use())
     journal_limiter = trio.CapacityLimiter(1)
     uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads)
     fetcher = Fetcher(store, cache, workers=2, missing_timeout=1.0)
-    publisher = Publisher(store, journal, journal_limiter, "node-a")
+    publisher = Publisher(store, journal, journal_limiter, "node-a", cache)
     fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
-                      publisher, info.chunk_size, Options(writer_id="node-a"))
+                      publisher, info.chunk_size,
+                      Options(writer_id="node-a", publish_timeout=10.0 if publish else 0.0))
     try:
         await uploader.resume(journal.pending_chunks())
         publisher.load(journal.pending_ops())
@@ -51,7 +53,8 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
             if upload:
                 await nursery.start(uploader.run)
             await nursery.start(fetcher.run)
-            await nursery.start(publisher.run)
+            if publish:
+                await nursery.start(publisher.run)
             yield fs
             nursery.cancel_scope.cancel()
     finally:

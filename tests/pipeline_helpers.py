@@ -17,13 +17,14 @@ from ckptfs.store.local import LocalStore
 
 class RecordingStore(FaultyStore):
     """FaultyStore that also logs successful writes in order, every delete_many batch,
-    and when each GET ran (support.max_overlap tells how many ran at once)."""
+    every key HEADed, and when each GET ran (support.max_overlap tells how many ran at once)."""
 
     def __init__(self, inner: LocalStore) -> None:
         super().__init__(inner, max_hang=10.0)
         self.log: list[tuple[str, str]] = []
         self.batches: list[list[str]] = []
         self.get_intervals: list[tuple[float, float]] = []
+        self.heads: list[str] = []  # every key HEADed, in order
 
     def get(self, key: str) -> bytes:
         start = time.monotonic()
@@ -31,6 +32,10 @@ class RecordingStore(FaultyStore):
             return super().get(key)
         finally:
             self.get_intervals.append((start, time.monotonic()))
+
+    def head(self, key: str) -> int | None:
+        self.heads.append(key)
+        return super().head(key)
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         super().put(key, data)

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
 from corefs import CHUNK, ROOT, core, read_file, run, write_file
-from support import random_bytes
+from support import random_bytes, wait_until_async
 
+from ckptfs import codec
+from ckptfs import journal as journal_module
 from ckptfs.errors import JournalFull
-from ckptfs.manifests import Manifest, file_key
+from ckptfs.manifests import Manifest, chunk_key, file_key, fossil_key
 from ckptfs.store.local import LocalStore
 
 
@@ -201,3 +205,59 @@ def test_a_lost_chunk_of_a_deleted_file_is_forgotten(tmp_path: Path) -> None:
             assert fs.statistics().problems == [] and fs.durable()
 
     run(main)
+
+
+# ------------------------------------------------- a node down longer than gc's grace
+def test_a_node_down_long_puts_gc_ed_chunks_back_before_publishing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file is closed and its chunks uploaded, but its manifest is not yet in the store
+    when the node goes down (for longer than CONFIRM_WINDOW). The version's staging file
+    stays meanwhile, even when eviction wants the space, because its op is unapplied.
+    While the node is down, gc deletes one chunk and sets another aside in fossils/. The
+    next mount keeps the staging file at its scan and, the op being old, puts both chunks
+    back (uploaded from staging; copied from fossils/) before the manifest; a fresh node
+    reads the file whole."""
+    data = random_bytes(3 * CHUNK + 100, 31)
+    hashes = [codec.chunk_hash(data[i:i + CHUNK]) for i in range(0, len(data), CHUNK)]
+    monkeypatch.setattr(journal_module, "time", SimpleNamespace(  # journaled an hour ago
+        time=lambda: time.time() - 3600))
+
+    async def down_before_publish() -> None:
+        async with core(tmp_path, publish=False) as fs:
+            await write_file(fs, "model.pt", data)
+            await wait_until_async(lambda: fs.uploader.pending_count() == 0)
+            [st] = fs.cache.staging.values()
+            fs.cache.limit_bytes = CHUNK  # all clean, and over the limit
+            fs.cache.evict()
+            assert fs.cache.staging == {st.id: st} and os.path.exists(st.path)
+
+    run(down_before_publish)
+    monkeypatch.undo()
+    store = LocalStore(tmp_path / "store")
+    assert store.head(file_key("model.pt")) is None
+    fossil = store.get(chunk_key(hashes[2]))
+    store.put(fossil_key(hashes[2]), fossil)  # gc, while the node is down
+    for h in hashes[1:3]:
+        store.delete(chunk_key(h))
+
+    async def remount() -> None:
+        async with core(tmp_path) as fs:
+            assert len(fs.cache.staging) == 1  # kept by the scan
+            await fs.wait_all_flushed()
+            assert fs.statistics().problems == [] and fs.durable()
+            assert fs.cache.staging == {}  # released once the op was applied
+
+    run(remount)
+    assert all(store.head(chunk_key(h)) for h in hashes)
+    assert store.get(chunk_key(hashes[2])) == fossil and store.head(fossil_key(hashes[2]))
+    assert Manifest.from_json(store.get(file_key("model.pt"))).chunks == tuple(
+        (h, len(data[i * CHUNK:(i + 1) * CHUNK])) for i, h in enumerate(hashes))
+
+    async def fresh_node() -> None:
+        other = tmp_path / "node-b"
+        other.mkdir()
+        os.symlink(tmp_path / "store", other / "store")
+        async with core(other) as fs:
+            assert await read_file(fs, "model.pt") == data
+
+    run(fresh_node)

@@ -26,6 +26,7 @@ import errno
 import fcntl
 import json
 import os
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
@@ -33,8 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from faultproxy import FaultProxy, never
 from mounting import Mount, Nodes, is_mounted, lazy_unmount, run_cli
-from support import random_bytes
+from seaweed import SeaweedServer
+from support import random_bytes, wait_until
+
+from ckptfs.manifests import chunk_key, fossil_key
 
 WRITE = 64 * 1024  # bytes per os.write: one FUSE write request each (no writeback cache)
 DIR = "<dir>"
@@ -398,3 +403,73 @@ def test_kill_at_crash_point_loses_nothing_acknowledged(
     assert report["clean"] and report["problems"] == [], report  # no chunk missing
     assert report["intents"] == [], report  # no directory rename left unfinished
     assert report["strays"] == [], report
+
+
+# ------------------------------------------------- a node down longer than gc's grace
+def manifest_put(method: str, path: str) -> bool:
+    return method == "PUT" and "/files/" in path
+
+
+@pytest.mark.timeout(180)
+def test_node_down_longer_than_gc_grace_puts_chunks_back_before_its_manifest(
+        proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
+    """A file is closed and its chunks uploaded while the store refuses its manifest PUT
+    (503 from the proxy); the daemon is killed (-9) with the manifest still journaled.
+    While the node is down, "gc runs": two chunks are deleted and two set aside in
+    fossils/. The node's journal is aged by an hour (the node was down that long: more
+    than publisher.CONFIRM_WINDOW). Mounted again on the same cache directory, it HEADs
+    the chunks, copies the fossils back, uploads the deleted ones from the staging file
+    it kept, and only then PUTs the manifest; a fresh node reads identical bytes, and
+    fsck finds the store clean."""
+    bucket = seaweed.new_bucket()
+    url = f"s3://{bucket}/job"
+    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint, "--chunk-size", "1M")
+    proxy.throttle(1.0, manifest_put)  # every manifest PUT refused: retried, never stored
+    data = random_bytes(4 * 2**20 + 123, 41)
+    (a / "model.pt").write_bytes(data)
+    wait_until(lambda: a.status()["pending_chunks"] == 0, 60, "the chunks are uploaded")
+    assert a.status()["pending_ops"] == 1
+    a.kill()
+
+    s3 = seaweed.s3
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="job/chunks/")["Contents"]
+    hashes = sorted(o["Key"].rpartition("/")[2] for o in listed)
+    assert len(hashes) == 5
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="job/files/model.pt")
+    deleted, fossilized = hashes[:2], hashes[2:4]  # gc, while the node is down
+    for h in fossilized:
+        s3.copy_object(Bucket=bucket, Key=f"job/{fossil_key(h)}",
+                       CopySource={"Bucket": bucket, "Key": f"job/{chunk_key(h)}"})
+    for h in deleted + fossilized:
+        s3.delete_object(Bucket=bucket, Key=f"job/{chunk_key(h)}")
+    db = sqlite3.connect(a.cache / "journal.sqlite")
+    with db:
+        db.execute("UPDATE ops SET journaled_at = journaled_at - 3600")
+    db.close()
+
+    proxy.throttle(0.0, never)
+    seen = len(proxy.log)
+    a.mount()
+    r = a.umount()
+    assert "everything is in the store" in r.stdout, r.stdout
+    log = proxy.log[seen:]
+    [manifest] = [q for q in log if manifest_put(q.method, q.path) and q.status == 200
+                  and q.path.endswith("/files/model.pt")]
+    for h in hashes:
+        heads = [q for q in log if q.method == "HEAD" and q.path.endswith(chunk_key(h))]
+        assert heads and heads[0].end <= manifest.start, h
+    for h in deleted + fossilized:  # an upload, or a server-side copy: both are PUTs
+        puts = [q for q in log if q.method == "PUT" and q.path.endswith(chunk_key(h))
+                and q.status == 200]
+        assert puts and puts[0].end <= manifest.start, h
+    assert not [q for q in log if q.method == "PUT" and q.path.endswith(chunk_key(hashes[4]))]
+    assert ("re-confirmed the 5 chunks of model.pt before its late publish" in a.log()
+            and "2 copied back from fossils/, 2 uploaded again from staging, 0 lost"
+            in a.log()), a.log()
+
+    b = nodes.mount(url, tmp_path, "b", "--endpoint-url", seaweed.endpoint)
+    assert (b / "model.pt").read_bytes() == data
+    b.umount()
+    r = run_cli("fsck", url, "--endpoint-url", seaweed.endpoint, "--json", check=False)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["clean"] and report["strays"] == [], report

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
+import time
 
 import pytest
 
@@ -116,3 +118,76 @@ def test_journal_file_mode(tmp_path: os.PathLike[str]) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_journal_ops_record_when_and_which_staging_file(tmp_path: os.PathLike[str]) -> None:
+    """Each op gets the time it was journaled; a put_file of a version written here, its
+    staging file, which staging_in_use() names (with those of journaled chunks) until the
+    op is applied."""
+    path = os.path.join(tmp_path, "j.sqlite")
+    j = Journal(path)
+    before = time.time()
+    [put] = j.add_chunks([PendingChunk(H1, 3, 0, 1)], [("put_file", "a", None, b"{}", 7)], "a")
+    mkdir = j.add_op("put_dir", "d")
+    after = time.time()
+    j.close()
+    j = Journal(path)
+    ops = {o.seq: o for o in j.pending_ops()}
+    assert ops[put].staging_id == 7 and ops[mkdir].staging_id is None
+    assert all(before <= (o.journaled_at or 0) <= after for o in ops.values())
+    assert j.staging_in_use() == {3, 7}
+    assert j.journaled_among([H1, H2]) == {H1}
+    j.remove_chunk(H1)
+    assert j.staging_in_use() == {7}
+    j.remove_ops([put])
+    assert j.staging_in_use() == set() and j.journaled_among([H1]) == set()
+    j.close()
+
+
+def test_journal_from_an_older_ckptfs_gets_the_new_columns(tmp_path: os.PathLike[str]) -> None:
+    """A journal written before ops had journaled_at and staging_id: opened, it gains
+    them; its old rows read as NULL (an unknown time, so old; no staging file)."""
+    path = os.path.join(tmp_path, "j.sqlite")
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE chunks (hash TEXT PRIMARY KEY, staging_id INTEGER NOT NULL,
+                             offset INTEGER NOT NULL, length INTEGER NOT NULL);
+        CREATE TABLE ops (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,
+                          path TEXT NOT NULL, path2 TEXT, body BLOB);
+        INSERT INTO ops(kind, path, body) VALUES ('put_file', 'old.pt', x'7b7d');
+    """)
+    db.commit()
+    db.close()
+    j = Journal(path)
+    [old] = j.pending_ops()
+    assert (old.kind, old.path, old.body, old.journaled_at, old.staging_id) == (
+        "put_file", "old.pt", b"{}", None, None)
+    new = j.add_op("put_file", "new.pt", body=b"{}", staging_id=4)
+    assert j.pending_ops()[1].seq == new and j.pending_ops()[1].staging_id == 4
+    assert j.staging_in_use() == {4}
+    j.close()
+    Journal(path).close()  # a second open finds the columns there
+
+
+def test_journal_lost_file_of_an_old_manifest_follows_later_ops(
+        tmp_path: os.PathLike[str]) -> None:
+    """mark_lost_file records the file under the name the ops journaled after its
+    put_file give it; nothing when they delete it or rewrite it without the chunk."""
+    j = Journal(os.path.join(tmp_path, "j.sqlite"))
+    body = json.dumps({"chunks": [[H1, 1], [H2, 1]]}).encode()
+    a = j.add_op("put_file", "ckpt/a.pt", body=body)
+    b = j.add_op("put_file", "ckpt/b.pt", body=body)
+    c = j.add_op("put_file", "ckpt/c.pt", body=body)
+    j.add_op("rename_file", "ckpt/a.pt", "ckpt/final.pt")
+    j.add_op("rename_dir", "ckpt", "step-1")
+    j.add_op("delete_file", "step-1/b.pt")
+    j.add_op("put_file", "step-1/c.pt", body=json.dumps({"chunks": [[H2, 1]]}).encode())
+    assert j.mark_lost_file(a, "ckpt/a.pt", H1, "gone") == "step-1/final.pt"
+    assert j.mark_lost_file(b, "ckpt/b.pt", H1, "gone") is None
+    assert j.mark_lost_file(c, "ckpt/c.pt", H1, "gone") is None
+    assert j.mark_lost_file(c, "ckpt/c.pt", H2, "gone") == "step-1/c.pt"
+    assert [(f.path, f.hash) for f in j.lost_files()] == [
+        ("step-1/c.pt", H2), ("step-1/final.pt", H1)]
+    j.add_op("rename_file", "step-1/final.pt", "kept.pt")  # later ops move the row as usual
+    assert [f.path for f in j.lost_files()] == ["kept.pt", "step-1/c.pt"]
+    j.close()
