@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -14,6 +15,11 @@ from ..crashpoints import crash_point
 from ..errors import InvalidKeyError
 
 T = TypeVar("T")
+
+#: seconds: the most that a renamed object's mtime may lag the moment its old key vanished
+#: (a rename that copies and then deletes, and took longer, stamps the copy again); gc's
+#: safe minimum grace counts on it (docs/FORMAT.md, "Garbage collection")
+RESTAMP_AFTER = 30.0
 
 
 @dataclass(frozen=True)
@@ -120,12 +126,16 @@ class Store(abc.ABC):
     def rename(self, src: str, dst: str) -> None:
         """Move an object to another key, replacing any object there: afterwards `src` is
         gone and `dst` holds its bytes, with an mtime (store clock) no earlier than the
-        start of this call. NotFoundError if `src` is absent. Here: copy, then delete
-        (not atomic: a crash in between leaves both); stores that can do better
-        override it."""
+        start of this call, and no earlier than RESTAMP_AFTER before the moment `src`
+        vanished. NotFoundError if `src` is absent. Here: copy, then delete (not
+        atomic: a crash in between leaves both), and copy again when that took longer
+        than RESTAMP_AFTER; stores that can do better override it."""
+        start = time.monotonic()
         self.copy(src, dst)
         crash_point("store_rename_copied")
         self.delete(src)
+        if time.monotonic() - start > RESTAMP_AFTER:
+            self.copy(dst, dst)
 
     def check_length(self, key: str) -> None:
         """Raise KeyTooLongError if the store cannot hold `key` because it is too long as

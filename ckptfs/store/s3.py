@@ -33,7 +33,7 @@ from ..errors import (
     TransientStoreError,
 )
 from ..manifests import CHUNKS
-from .base import Listing, ObjectInfo, Store, check_key
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key
 
 #: error codes of a missing object
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -62,10 +62,6 @@ PERMANENT_BOTOCORE = (
 DELETE_BATCH = 1000
 #: the longest object key S3 allows, in bytes of UTF-8, the store's prefix included
 MAX_KEY_BYTES = 1024
-#: seconds: a rename (copy, then delete) that took longer stamps its copy again, so that
-#: the new object's LastModified lags the moment the old one vanished by at most this
-#: (gc's safety argument counts on it: docs/FORMAT.md, "Garbage collection")
-RESTAMP_AFTER = 30.0
 
 
 def error_class(code: str, status: int) -> type[StoreError]:
