@@ -870,8 +870,21 @@ def add_store_tools(sub: Any) -> None:
     g.set_defaults(func=cmd_gc, error_exit=EXIT_ERROR)
 
 
+def negative_values_joined(argv: list[str]) -> list[str]:
+    """`--grace -1h` as `--grace=-1h`: argparse would take '-1h' for an option and print
+    its usage; joined, the value reaches parse_duration, which refuses it in one line."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--grace" and arg[:1] == "-" and arg[1:2].isdigit():
+            out[-1] = f"--grace={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_args(negative_values_joined(
+        sys.argv[1:] if argv is None else argv))
     try:
         return int(args.func(args))
     except (CliError, CkptfsError) as e:
