@@ -2,7 +2,7 @@
 sets aside and frees; the races of docs/FORMAT.md ("Garbage collection") with a
 controlled interleaving: gc killed at every crash point, two runs at once, a skewed
 clock on the gc node, a directory rename in flight during the listing. The writer's
-race (a dedup just before the mark) is in tests/core/test_gc.py, a real rotation through
+race (a dedup just before the mark) is in tests/core/test_gc_race.py, a real rotation through
 a mount in tests/fuse/test_gc_rotation.py."""
 
 from __future__ import annotations

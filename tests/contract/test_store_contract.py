@@ -848,7 +848,7 @@ def test_faulty_fail(faulty: FaultyStore) -> None:
         faulty.head("a")
     assert faulty.head("a") == 1
     with pytest.raises(ValueError):
-        faulty.fail("rename")
+        faulty.fail("move")  # not an operation (rename is one, since gc)
 
 
 def test_faulty_fail_rate(faulty: FaultyStore) -> None:

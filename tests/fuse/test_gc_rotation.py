@@ -46,6 +46,11 @@ def test_rotation_then_gc_leaves_only_what_the_kept_checkpoints_need(
             (d / name).write_bytes(data)
         if step > KEEP:
             shutil.rmtree(trainer / f"step-{step - KEEP}")  # keep the last KEEP
+    # gc given a path in the mount works on its store; with the default grace of a day,
+    # nothing written minutes ago is old enough
+    r = run_cli("gc", str(trainer / "step-12"), "--dry-run")
+    assert f"store        {store.url}: " in r.stdout, r.stdout
+    assert "0 (0 B) would be set aside as fossils" in r.stdout, r.stdout
     trainer.umount()
     kept = [f"step-{s}" for s in range(SAVES - KEEP + 1, SAVES + 1)]
     assert store.list("files/").prefixes == sorted(f"files/{k}/" for k in kept)
