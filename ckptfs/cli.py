@@ -1,4 +1,4 @@
-"""The `ckptfs` command: mount, umount, status, sync; verify, ls, latest, fsck on a store."""
+"""The `ckptfs` command: mount, umount, status, sync; verify, ls, latest, fsck, gc on a store."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, mounts
-from .config import MountConfig, parse_size
+from .config import MountConfig, format_duration, parse_duration, parse_size
 from .errors import CkptfsError, JournalError
 
 if TYPE_CHECKING:
+    from .gc import GcReport, Tally
     from .inspection import FileReport
     from .journal import LostFile
     from .store.base import Store
@@ -202,14 +203,46 @@ def cmd_status(a: argparse.Namespace) -> int:
     return 0
 
 
-class Progress:
-    """A one-line progress bar on a terminal, a line every few seconds otherwise."""
+class ProgressLine:
+    """One line of progress on stderr: redrawn in place on a terminal (at most every
+    `redraw` seconds), a new line every `interval` seconds otherwise."""
+
+    def __init__(self, interval: float = 5.0, redraw: float = 0.0) -> None:
+        self.tty = sys.stderr.isatty()
+        self.interval = interval
+        self.redraw = redraw
+        self.last_line = 0.0
+        self.drawn = False
+
+    def emit(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.tty:
+            if force or now - self.last_line >= self.redraw:
+                sys.stderr.write("\r" + text[:150].ljust(150))
+                sys.stderr.flush()
+                self.last_line = now
+                self.drawn = True
+        elif force or now - self.last_line > self.interval:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+            self.last_line = now
+
+    def end(self) -> None:
+        if self.tty and self.drawn:
+            sys.stderr.write("\n")
+
+
+def bar(fraction: float, width: int = 30) -> str:
+    return f"[{'#' * int(fraction * width):<{width}}] {fraction * 100:5.1f}%"
+
+
+class Progress(ProgressLine):
+    """sync's progress: a bar on a terminal, a line every 5 s otherwise."""
 
     def __init__(self, label: str) -> None:
+        super().__init__()
         self.label = label
-        self.tty = sys.stderr.isatty()
         self.base: int | None = None
-        self.last_line = 0.0
 
     def show(self, st: dict[str, Any]) -> None:
         done_total = st["uploaded_bytes"] + st["dedup_bytes"]
@@ -218,23 +251,11 @@ class Progress:
         done = done_total - self.base
         total = done + st["dirty_bytes"]
         frac = done / total if total else 1.0
-        bar = "#" * int(frac * 30)
         eta = st["eta_seconds"]
         why = f"  ({st['errors'][0]})" if st["errors"] else ""
-        text = (f"{self.label} [{bar:<30}] {frac * 100:5.1f}% {human(done)}/{human(total)} "
-                f"{human(st['upload_rate'])}/s ETA {eta if eta is not None else '-'}s"
-                f" ops {st['pending_ops']}{why}")
-        now = time.monotonic()
-        if self.tty:
-            sys.stderr.write("\r" + text[:150].ljust(150))
-            sys.stderr.flush()
-        elif now - self.last_line > 5:
-            sys.stderr.write(text + "\n")
-            self.last_line = now
-
-    def end(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
+        self.emit(f"{self.label} {bar(frac)} {human(done)}/{human(total)} "
+                  f"{human(st['upload_rate'])}/s ETA {eta if eta is not None else '-'}s"
+                  f" ops {st['pending_ops']}{why}")
 
 
 class SyncTimeout(CliError):
@@ -378,7 +399,7 @@ def journal_lost(cache_dir: str) -> list[LostFile]:
 
 
 # ---------------------------------------------------------------------------- store tools
-#: exit status of verify/ls/latest/fsck when the check itself could not be done
+#: exit status of verify/ls/latest/fsck/gc when the check (or the run) could not be done
 EXIT_ERROR = 2
 
 
@@ -570,11 +591,101 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     print(f"chunks       {r.chunks_referenced} referenced, {r.chunks_stored} stored "
           f"({human(r.stored_bytes)}), {r.garbage_chunks} unreferenced "
           f"({human(r.garbage_bytes)}, garbage for gc, not an error)")
+    if r.fossils:
+        named = (f"; {r.referenced_fossils} of them named by a file: readable, and the next "
+                 f"gc run restores them" if r.referenced_fossils else "")
+        print(f"fossils      {r.fossils} ({human(r.fossil_bytes)}) set aside by gc: freed by "
+              f"a later gc run unless a file needs them{named}")
     how = "every stored chunk fetched and re-hashed" if r.deep else (
         "chunks checked for presence; --deep re-hashes them")
     print(f"{'clean' if r.clean else 'PROBLEMS':<12} "
           f"{len(r.problems) + len(r.corrupt_garbage) + (r.info is None)} problems; {how}")
     return 0 if r.clean else 1
+
+
+class GcProgress(ProgressLine):
+    """gc's progress on stderr: the step, a bar over the chunk names for the scans of
+    fossils/ and chunks/ (listed in name order), counts for the reference listing."""
+
+    def __init__(self) -> None:
+        super().__init__(interval=5.0, redraw=0.2)
+        if not self.tty:
+            self.last_line = time.monotonic()  # a run of less than 5 s prints no progress
+
+    def show(self, r: GcReport, fraction: float | None) -> None:
+        if r.phase.startswith("references"):
+            self.emit(f"gc {r.phase}: {r.manifests.count} manifests read, {r.referenced} "
+                      f"chunks referenced")
+        elif r.phase == "sweep":
+            self.emit(f"gc sweep {bar(fraction or 0.0)} {r.fossils.count} fossils: "
+                      f"{r.restored.count} restored, {r.freed.count} freed")
+        elif r.phase == "mark":
+            self.emit(f"gc mark  {bar(fraction or 0.0)} {r.chunks.count} chunks "
+                      f"({human(r.chunks.bytes)}): {r.fossilized.count} set aside")
+
+
+def _n(t: Tally) -> str:
+    return f"{t.count} ({human(t.bytes)})"
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def format_gc(r: GcReport) -> list[str]:
+    """The summary of a gc run, one line per step."""
+    would = "would be " if r.dry_run else ""
+    grace = format_duration(r.grace)
+    lines = [
+        f"store        {r.url}: store clock {_utc(r.store_time)}; grace {grace}: objects "
+        f"written before {_utc(r.cutoff)} are old enough",
+        f"manifests    {r.manifests.count} read ({human(r.manifests.bytes)}; "
+        f"{r.manifests_reread} new or changed at the second listing), {r.referenced} "
+        f"chunks referenced",
+        f"fossils      {_n(r.fossils)}: {_n(r.restored)} {would}restored (referenced), "
+        f"{_n(r.freed)} {would}freed, {_n(r.kept_fossils)} kept for the grace",
+        f"chunks       {_n(r.chunks)}: {_n(r.chunks_referenced)} referenced, "
+        f"{_n(r.fossilized)} {would}set aside as fossils, {_n(r.kept_chunks)} unreferenced "
+        f"kept for the grace",
+    ]
+    if r.vanished:
+        lines.append(f"note         {r.vanished} objects were moved or deleted by another gc "
+                     f"run while this one worked; the next run sees them")
+    if r.others:
+        lines.append(f"note         {r.others} objects under chunks/ or fossils/ are outside "
+                     f"the layout and were left alone (ckptfs fsck lists them)")
+    if r.scratch_deleted:
+        lines.append(f"note         deleted {r.scratch_deleted} clock probes left by killed "
+                     f"gc runs")
+    for h in r.lost:
+        lines.append(f"ERROR        chunk {h} is named by a manifest but is in neither "
+                     f"chunks/ nor fossils/ (run ckptfs fsck)")
+    if r.dry_run:
+        lines.append(f"dry run      nothing was changed (only a clock probe was written and "
+                     f"deleted); {human(r.freed.bytes)} would be freed")
+    else:
+        aside = (f"; {human(r.fossilized.bytes)} set aside now is freed by a run {grace} or "
+                 f"more from now, unless a file needs it by then" if r.fossilized.count else "")
+        lines.append(f"done         freed {human(r.freed.bytes)} in {r.seconds:.1f}s{aside}")
+    return lines
+
+
+def cmd_gc(a: argparse.Namespace) -> int:
+    from . import gc
+
+    grace = parse_duration(a.grace, "--grace")
+    gc.check_grace(grace, a.no_writers)
+    t = open_target(a)
+    progress = GcProgress()
+    try:
+        r = gc.collect(t.store, grace, dry_run=a.dry_run, progress=progress.show)
+    finally:
+        progress.end()
+    if a.json:
+        print(json.dumps(r.to_dict(), indent=1))
+    else:
+        print("\n".join(format_gc(r)))
+    return 1 if r.lost else 0
 
 
 # ---------------------------------------------------------------------------- main
@@ -653,7 +764,7 @@ STORE_HELP = ("TARGET is a path inside a ckptfs mount (its store is found throug
 
 
 def add_store_tools(sub: Any) -> None:
-    """Parsers of verify, ls, latest and fsck (exit 2 when the check cannot be done)."""
+    """Parsers of verify, ls, latest, fsck and gc (exit 2 when the tool cannot work)."""
 
     def common(p: argparse.ArgumentParser, deep: str) -> None:
         p.add_argument("--deep", action="store_true", help=deep)
@@ -726,9 +837,54 @@ def add_store_tools(sub: Any) -> None:
            "store) instead of only checking that referenced chunks exist")
     fk.set_defaults(func=cmd_fsck)
 
+    g = sub.add_parser(
+        "gc", help="free the chunks that no file needs (safe while mounts write)",
+        description="Garbage-collect the whole store of TARGET in two steps, safe while any "
+        "number of mounts on other nodes keep writing: a chunk that no manifest names and "
+        "that is older than --grace is first set aside as a fossil (readers still find it), "
+        "and freed by a later run if it is still unreferenced after --grace more; a fossil "
+        "that a file needs again is restored. Ages are read from the store's clock, never "
+        "this machine's. So space comes back over two runs, e.g. daily with the default "
+        "grace. Prints what it did (--json: the same as JSON); progress goes to stderr. "
+        "Exit status: 0 done, 1 done but a referenced chunk was found missing, 2 the run "
+        "could not be done (it can be run again: every step is safe to repeat). TARGET is a "
+        "STORE (s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs "
+        "mount (its whole store is collected).",
+        epilog="examples: ckptfs gc s3://bucket/run7 --dry-run | ckptfs gc /mnt/ckpt "
+        "--grace 7d | ckptfs gc ./store --grace 0 --no-writers (twice: set aside, then free)")
+    g.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
+    g.add_argument("--grace", default="24h", metavar="DURATION",
+                   help="how old an unreferenced chunk must be to be set aside, and a fossil "
+                   "to be freed: 30s, 15m, 24h, 7d or 0 (default 24h; below 1h needs "
+                   "--no-writers)")
+    g.add_argument("--no-writers", action="store_true",
+                   help="assert that no mount writes to the store from the start of this run "
+                   "to the end of the next one (e.g. all are unmounted): allows a grace "
+                   "below 1h, 0 included")
+    g.add_argument("--dry-run", action="store_true",
+                   help="change nothing, say what would be done")
+    g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
+                   "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+    g.add_argument("--region", help="S3 region (default: the AWS config chain)")
+    g.set_defaults(func=cmd_gc, error_exit=EXIT_ERROR)
+
+
+def negative_values_joined(argv: list[str]) -> list[str]:
+    """`--grace -1h` as `--grace=-1h`: argparse would take '-1h' for an option and print
+    its usage; joined, the value reaches parse_duration, which refuses it in one line."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--grace" and arg[:1] == "-" and arg[1:2].isdigit():
+            out[-1] = f"--grace={arg}"
+        else:
+            out.append(arg)
+    return out
+
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_args(negative_values_joined(
+        sys.argv[1:] if argv is None else argv))
     try:
         return int(args.func(args))
     except (CliError, CkptfsError) as e:

@@ -25,6 +25,28 @@ def parse_size(text: str, option: str = "size") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, option: str = "duration") -> float:
+    """'30s', '15m', '24h', '7d', '0', '90' (seconds) -> seconds; ConfigError if malformed
+    or negative."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text.lower())
+    if not m:
+        raise ConfigError(f"invalid value {text!r} for {option}: want a duration of 0 or "
+                          f"more, e.g. 30s, 15m, 24h, 7d or 0")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as parse_duration reads them, in the largest unit that is exact: 86400 ->
+    '24h' (hours up to 48), 604800 -> '7d', 90 -> '90s'."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0 and not (unit == "d" and seconds <= 172800):
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def default_cache_dir(store_url: str) -> str:
     """A per-user, per-store cache directory: $XDG_CACHE_HOME/ckptfs/<store hash>."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

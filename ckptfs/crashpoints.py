@@ -1,5 +1,6 @@
 """Named crash points for fault-injection tests: CKPTFS_CRASH_AT=<name>[:<n>] kills the
-daemon with SIGKILL the n-th time (default 1st) execution passes `crash_point(name)`.
+process (the daemon, or a store tool such as `ckptfs gc`) with SIGKILL the n-th time
+(default 1st) execution passes `crash_point(name)`.
 
 Unset (the normal case) it costs one dict lookup. Tests use it to prove that a kill at
 any of these points loses nothing that was acknowledged (docs/OPERATIONS.md).

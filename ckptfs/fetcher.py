@@ -2,7 +2,8 @@
 
 A chunk named by a published manifest may not be in the store yet (its writer is still
 uploading): NotFound and transient errors are retried with backoff up to
-``missing_timeout``; then MissingChunkError. A chunk whose bytes do not match its name
+``missing_timeout``; then MissingChunkError. A chunk that `ckptfs gc` set aside
+(fossils/) is read from there. A chunk whose bytes do not match its name
 raises CorruptChunkError at once. Neither ever yields wrong bytes. A read-cache file left
 by an earlier mount is re-hashed before its first use in this one (in a fetch thread,
 single-flight like a GET); if it is damaged it is dropped and the chunk fetched again.
@@ -53,6 +54,7 @@ class Fetcher:
         self.fetched_bytes = 0
         self.verified_chunks = 0
         self.damaged_chunks = 0
+        self.fossil_chunks = 0  # fetched from fossils/ (set aside by gc)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host prefetch tasks until cancelled."""
@@ -120,9 +122,10 @@ class Fetcher:
                 self.damaged_chunks += 1
                 log.warning("the cached copy of chunk %s is damaged (or gone): fetching it "
                             "again", chunk_hash)
-            size = await self._get_with_retries(chunk_hash)
+            size, fossil = await self._get_with_retries(chunk_hash)
             self.fetched_chunks += 1
             self.fetched_bytes += size
+            self.fossil_chunks += fossil
             self.cache.evict(keep={chunk_hash})
         except Exception as e:
             self._errors[chunk_hash] = e
@@ -131,7 +134,7 @@ class Fetcher:
             del self._inflight[chunk_hash]
             event.set()
 
-    async def _get_with_retries(self, chunk_hash: str) -> int:
+    async def _get_with_retries(self, chunk_hash: str) -> tuple[int, bool]:
         deadline = time.monotonic() + self.missing_timeout
         delays = CHUNK_WAIT.delays()
         while True:
@@ -148,8 +151,24 @@ class Fetcher:
                         f"chunk {chunk_hash} {what} after {self.missing_timeout:g}s") from None
                 await trio.sleep(min(next(delays), remaining))  # last try at the deadline
 
-    def _get_sync(self, chunk_hash: str) -> int:
-        key = manifests.chunk_key(chunk_hash)
+    def _get_sync(self, chunk_hash: str) -> tuple[int, bool]:
+        """(raw size, whether it came from fossils/)."""
+        try:
+            return self._get_key(chunk_hash, manifests.chunk_key(chunk_hash)), False
+        except NotFoundError as e:
+            # `ckptfs gc` may have set the chunk aside just before a writer published a
+            # manifest naming it; the next gc run restores it (docs/FORMAT.md, "Garbage
+            # collection"). A fossil is verified like any chunk.
+            try:
+                size = self._get_key(chunk_hash, manifests.fossil_key(chunk_hash))
+            except NotFoundError:
+                raise e from None
+            log.info("chunk %s was read from fossils/ (set aside by ckptfs gc; its next run "
+                     "restores it)", chunk_hash)
+            return size, True
+
+    def _get_key(self, chunk_hash: str, key: str) -> int:
+        """GET the object `key`, verify it as chunk `chunk_hash`, make it readable."""
         path = self.store.local_path(key)
         before = file_identity(path) if path is not None else None
         blob = self.store.get(key)

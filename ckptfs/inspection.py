@@ -172,6 +172,9 @@ class FsckReport:
     stored_bytes: int = 0
     garbage_chunks: int = 0       # stored but named by no manifest: not an error (gc)
     garbage_bytes: int = 0
+    fossils: int = 0              # chunks set aside by gc (fossils/): not an error
+    fossil_bytes: int = 0
+    referenced_fossils: int = 0   # of those, named by a manifest: readable, gc restores them
     problems: list[Problem] = field(default_factory=list)       # missing/corrupt/unreadable
     corrupt_garbage: list[tuple[str, str]] = field(default_factory=list)  # (hash, why)
     intents: list[Intent] = field(default_factory=list)         # warnings
@@ -190,7 +193,8 @@ class FsckReport:
             "dir_markers": self.dir_markers, "file_bytes": self.file_bytes,
             "chunks_referenced": self.chunks_referenced, "chunks_stored": self.chunks_stored,
             "stored_bytes": self.stored_bytes, "garbage_chunks": self.garbage_chunks,
-            "garbage_bytes": self.garbage_bytes,
+            "garbage_bytes": self.garbage_bytes, "fossils": self.fossils,
+            "fossil_bytes": self.fossil_bytes, "referenced_fossils": self.referenced_fossils,
             "problems": [p.to_dict() for p in self.problems],
             "corrupt_garbage": [{"chunk": h, "detail": why} for h, why in self.corrupt_garbage],
             "intents": [{"key": i.key, "src": i.src, "dst": i.dst, "writer": i.writer}
@@ -211,11 +215,13 @@ def read_info(store: Store) -> StoreInfo:
 
 def check_is_store(store: Store) -> None:
     """NoEntry unless `store` is a ckptfs store: it has ckptfs.json or, having lost it,
-    still has a store's layout (files/, chunks/ or intents/), which fsck then checks."""
+    still has a store's layout (files/, chunks/, intents/ or fossils/), which fsck then
+    checks."""
     try:
         read_info(store)
     except NoEntry:
-        for prefix in (manifests.FILES, manifests.CHUNKS, manifests.INTENTS):
+        for prefix in (manifests.FILES, manifests.CHUNKS, manifests.INTENTS,
+                       manifests.FOSSILS):
             listing = store.list(prefix, delimiter="/")
             if listing.objects or listing.prefixes:
                 return
@@ -274,30 +280,41 @@ class ChunkChecker:
         self.deep = deep
         #: hash -> None (present and, if deep, sound), MISSING, or (CORRUPT, why)
         self.results: dict[str, str | tuple[str, str] | None] = {}
+        #: the chunks of `results` found in fossils/ (set aside by gc), not in chunks/
+        self.fossils: set[str] = set()
 
-    def check_one(self, chunk_hash: str) -> str | tuple[str, str] | None:
-        key = manifests.chunk_key(chunk_hash)
-        if not self.deep:
-            size = self.store.head(key)
-            if size is None:
-                return MISSING
-            if size < HEADER_SIZE:
-                return CORRUPT, f"object of {size} bytes is shorter than a chunk header"
-            return None
-        try:
-            blob = self.store.get(key)
-        except NotFoundError:
-            return MISSING
-        try:
-            decode_chunk(blob, chunk_hash)
-        except CorruptChunkError as e:
-            return CORRUPT, str(e)
-        return None
+    def check_one(self, chunk_hash: str) -> tuple[str | tuple[str, str] | None, bool]:
+        """(result, whether the chunk was found in fossils/ instead of chunks/: set aside by
+        gc, readable there as readers fall back to it, restored by the next gc run)."""
+        fossil = False
+        for key in (manifests.chunk_key(chunk_hash), manifests.fossil_key(chunk_hash)):
+            if not self.deep:
+                size = self.store.head(key)
+                if size is None:
+                    fossil = True
+                    continue
+                if size < HEADER_SIZE:
+                    return (CORRUPT, f"object of {size} bytes is shorter than a chunk "
+                            f"header"), fossil
+                return None, fossil
+            try:
+                blob = self.store.get(key)
+            except NotFoundError:
+                fossil = True
+                continue
+            try:
+                decode_chunk(blob, chunk_hash)
+            except CorruptChunkError as e:
+                return (CORRUPT, str(e)), fossil
+            return None, fossil
+        return MISSING, False
 
     def check(self, hashes: Iterable[str]) -> None:
         todo = {h for h in hashes if h not in self.results}
-        for h, result in parallel_map(self.check_one, sorted(todo)):
+        for h, (result, fossil) in parallel_map(self.check_one, sorted(todo)):
             self.results[h] = result
+            if fossil:
+                self.fossils.add(h)
 
     def report(self, path: str, m: Manifest | None, error: str | None) -> FileReport:
         """A FileReport from a manifest whose chunks check() has seen."""
@@ -407,7 +424,8 @@ def fsck(store: Store, deep: bool = False) -> FsckReport:
     """Check the whole store: ckptfs.json, every manifest, every chunk they name.
 
     Missing chunks are found by listing chunks/ (after the manifests were read, so a chunk
-    uploaded meanwhile is seen) and confirmed with a HEAD. With `deep`, every stored chunk
+    uploaded meanwhile is seen) and confirmed with a HEAD; one that gc set aside in
+    fossils/ is not missing (readers read it there). With `deep`, every stored chunk
     is fetched and re-hashed, referenced or not: an unreferenced corrupt chunk matters
     too, since a writer that deduplicates against it would trust it.
     """
@@ -435,11 +453,17 @@ def fsck(store: Store, deep: bool = False) -> FsckReport:
 
     stored: dict[str, int] = {}
     for key, size in store.list(manifests.CHUNKS, delimiter=None).objects:
-        name = key.rpartition("/")[2]
-        if manifests.CHUNK_NAME.fullmatch(name) and key == manifests.chunk_key(name):
+        name = manifests.chunk_name(key)
+        if name is not None:
             stored[name] = size
         else:
             report.strays.append(key)
+    # chunks set aside by gc (fossils/) and its scratch objects (gc/) are part of the
+    # layout, not strays: fossils are counted, and read where a manifest names them
+    for key, size in store.list(manifests.FOSSILS, delimiter=None).objects:
+        if manifests.chunk_name(key, manifests.FOSSILS) is not None:
+            report.fossils += 1
+            report.fossil_bytes += size
     report.chunks_stored = len(stored)
     report.stored_bytes = sum(stored.values())
     garbage = stored.keys() - referenced
@@ -455,6 +479,7 @@ def fsck(store: Store, deep: bool = False) -> FsckReport:
         for h in referenced & stored.keys():
             checker.results[h] = None if stored[h] >= HEADER_SIZE else (
                 CORRUPT, f"object of {stored[h]} bytes is shorter than a chunk header")
+    report.referenced_fossils = len(checker.fossils & referenced)
     for path, m, err in found:
         if m is not None:
             report.problems += checker.report(path, m, err).problems()

@@ -19,8 +19,14 @@ FORMAT_VERSION = 1
 INFO_KEY = "ckptfs.json"
 FILES = "files/"
 CHUNKS = "chunks/"
-FOSSILS = "fossils/"  # chunks set aside by ckptfs gc: deleted later unless referenced again
 INTENTS = "intents/"  # directory renames in progress (publisher.roll_forward_intents)
+FOSSILS = "fossils/"  # chunks set aside by `ckptfs gc` (docs/FORMAT.md, "Garbage collection")
+GC = "gc/"  # scratch objects of gc runs (its clock probe)
+#: seconds a writer trusts that a chunk is in the store after it last saw it there (its
+#: PUT, or a HEAD that found it); after that, a new manifest may name the chunk only once
+#: a HEAD has found it again (or it was uploaded again). gc's safe minimum grace rests on
+#: it (docs/FORMAT.md, "Garbage collection").
+CONFIRM_WINDOW = 600.0
 #: a chunk name as codec.chunk_hash() writes it: xxh3-128 in lowercase hex
 CHUNK_NAME = re.compile(r"[0-9a-f]{32}")
 
@@ -63,8 +69,17 @@ def chunk_key(chunk_hash: str) -> str:
 
 
 def fossil_key(chunk_hash: str) -> str:
-    """Key of a chunk that gc has set aside (moved out of chunks/), sharded the same way."""
+    """Key of a chunk set aside by gc: the same object bytes, under fossils/."""
     return f"{FOSSILS}{chunk_hash[:2]}/{chunk_hash}"
+
+
+def chunk_name(key: str, prefix: str = CHUNKS) -> str | None:
+    """The chunk name of a chunks/ (or, with prefix FOSSILS, fossils/) key of the
+    layout, or None for any other key."""
+    name = key.rpartition("/")[2]
+    if CHUNK_NAME.fullmatch(name) and key == f"{prefix}{name[:2]}/{name}":
+        return name
+    return None
 
 
 def path_of_key(key: str) -> str:

@@ -60,9 +60,9 @@ log = logging.getLogger(__name__)
 DELETES = ("delete_file", "delete_dir")
 RENAME_THREADS = 16
 #: seconds: a put_file op applied later than this after it was journaled has its chunks
-#: re-confirmed first (module docstring). Far shorter than any gc grace period, far
-#: longer than a close takes to publish when the store answers.
-CONFIRM_WINDOW = 600.0
+#: re-confirmed first (module docstring): manifests.CONFIRM_WINDOW, the window gc's grace
+#: rests on (a module attribute here, so that tests can shorten it)
+CONFIRM_WINDOW = manifests.CONFIRM_WINDOW
 CONFIRM_THREADS = 16  # HEADs and fossil copies of one manifest's chunks at a time
 CONFIRM_UPLOADS = 4  # chunks uploaded again from a staging file at a time (memory)
 LOST_REASON = ("it is gone from the store (ckptfs gc?) and no copy is left (no fossil, "

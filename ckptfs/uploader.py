@@ -34,6 +34,7 @@ from .cache import LocalCache, StagingFile, pread_scratch
 from .crashpoints import crash_point
 from .errors import JournalError, StoreError, TransientStoreError
 from .journal import Journal, LostFile, OpRecord, PendingChunk
+from .manifests import CONFIRM_WINDOW
 from .retry import BACKGROUND, PERMANENT_DELAY
 from .store.base import Store
 
@@ -72,6 +73,7 @@ class _Put:
 
     length: int  # raw bytes
     origin: Instance  # the chunk instance whose job sends it
+    started: float = field(default_factory=time.monotonic)  # before its HEAD
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False  # in the store now
     stored: bool = False  # PUT by this job (not found by the HEAD)
@@ -85,6 +87,7 @@ class _Outcome:
     stored: int = 0  # encoded bytes this attempt PUT
     origin: Instance | None = None  # the instance whose PUT by this mount stored the chunk
     error: StoreError | None = None  # the attempt failed: retry
+    seen: float = 0.0  # when (monotonic) this mount last saw the chunk in the store
 
 
 @dataclass(eq=False)
@@ -168,7 +171,8 @@ class Uploader:
 
     def __init__(self, store: Store, cache: LocalCache, journal: Journal,
                  journal_limiter: trio.CapacityLimiter, workers: int = 8,
-                 overlap_workers: int | None = None, rate_window: float = RATE_WINDOW) -> None:
+                 overlap_workers: int | None = None, rate_window: float = RATE_WINDOW,
+                 confirm_window: float = CONFIRM_WINDOW) -> None:
         self.store = store
         self.cache = cache
         self.journal = journal
@@ -183,11 +187,18 @@ class Uploader:
         self._running = 0  # jobs past the writer gate
         self._held = 0  # jobs waiting at it
         self._waiters = 0  # tasks in wait_changed()
-        self.in_store: set[str] = set()
+        # chunk -> when (monotonic) this mount last saw it in the store: the start of the
+        # PUT or HEAD that did. It counts as in the store for `confirm_window` seconds
+        # (confirmed()); then it is HEADed again before a manifest may name it, since
+        # `ckptfs gc` may have set it aside meanwhile (docs/FORMAT.md, Garbage collection)
+        self.in_store: dict[str, float] = {}
+        self.confirm_window = confirm_window
         # chunk -> its HEAD/PUT in a worker thread; chunk -> the instance whose PUT by this
-        # mount stored it (set before `_puts` lets go of it, so no thread HEADs it again)
+        # mount stored it, and when (set before `_puts` lets go of it, so no thread HEADs
+        # it again before _finished has recorded it in `in_store`)
         self._puts: dict[str, _Put] = {}
         self._put_by: dict[str, Instance] = {}
+        self._put_at: dict[str, float] = {}
         self._puts_lock = threading.Lock()
         self._retrying: dict[UploadJob, str] = {}  # jobs waiting to retry -> their chunk
         self._journaled: set[str] = set()
@@ -229,8 +240,8 @@ class Uploader:
         there (an early upload of the file being closed).
         """
         async with self._lock:
-            todo = [c for c in chunks if c.hash not in self.in_store]
-            known = [c for c in chunks if c.hash in self.in_store]
+            todo = [c for c in chunks if not self.confirmed(c.hash)]
+            known = [c for c in chunks if self.confirmed(c.hash)]
             seqs = await trio.to_thread.run_sync(self.journal.add_chunks, todo, ops, path,
                                                  limiter=self.journal_limiter)
             for c in known:
@@ -273,6 +284,17 @@ class Uploader:
                 ok = False
             out.append(ok)
         return out
+
+    def confirmed(self, chunk_hash: str) -> bool:
+        """Whether this mount saw the chunk in the store less than `confirm_window`
+        seconds ago: only then may a manifest name it without a new HEAD (or upload)."""
+        seen = self.in_store.get(chunk_hash)
+        return seen is not None and time.monotonic() - seen < self.confirm_window
+
+    def is_waiting(self, chunk_hash: str, st: StagingFile, offset: int) -> bool:
+        """Whether the copy of the chunk at `offset` of `st` is journaled and its upload
+        has not ended yet (its dirty bytes are then cleared when it ends)."""
+        return any(s is st and o == offset for s, o in self._waiting.get(chunk_hash, ()))
 
     def is_pending(self, chunk_hash: str) -> bool:
         """Whether the chunk is journaled and not yet in the store."""
@@ -319,7 +341,7 @@ class Uploader:
         for job, h in self._retrying.items():
             if not self._moot(job, h):
                 sizes.setdefault(h, job.length)
-        return sum(n for h, n in sizes.items() if h not in self.in_store)
+        return sum(n for h, n in sizes.items() if not self.confirmed(h))
 
     def _origin(self, chunk_hash: str) -> Instance | None:
         """The chunk instance whose PUT by this mount stored the chunk, if any."""
@@ -330,7 +352,7 @@ class Uploader:
         """Whether a failed job need not try again: its chunk is in the store now, its
         staging file is gone, or it is an early job of a file since closed (the close
         journaled the chunk and queued its own job)."""
-        return (chunk_hash in self.in_store or job.staging.fd < 0
+        return (self.confirmed(chunk_hash) or job.staging.fd < 0
                 or (job.hash is None and job.staging.sealed))
 
     def _add_pending(self, c: PendingChunk, st: StagingFile | None = None) -> None:
@@ -367,8 +389,9 @@ class Uploader:
         delays = BACKGROUND.delays()
         expect = job.hash  # an early job's retries send only the bytes it first read
         while True:
-            if expect is not None and expect in self.in_store:
-                await self._finished(job, expect, 0, self._origin(expect))
+            if expect is not None and self.confirmed(expect):
+                await self._finished(job, expect, 0, self._origin(expect),
+                                     self.in_store[expect])
                 return
             if job.staging.fd < 0:
                 return  # staging file dropped (file deleted before its upload)
@@ -398,7 +421,7 @@ class Uploader:
                 await self._abandon(job, "its staged bytes no longer match it (lost before "
                                     "a local fsync?)")
                 return
-            await self._finished(job, out.chunk_hash, out.stored, out.origin)
+            await self._finished(job, out.chunk_hash, out.stored, out.origin, out.seen)
             return
 
     async def _backoff(self, job: UploadJob, chunk_hash: str, seconds: float) -> None:
@@ -431,8 +454,10 @@ class Uploader:
         if len(data) != job.length or (expect is not None and chunk_hash != expect):
             return _Outcome(None)
         with self._puts_lock:  # the same chunk from an early and a published job: one PUT
-            if chunk_hash in self.in_store or chunk_hash in self._put_by:
-                return _Outcome(chunk_hash, origin=self._put_by.get(chunk_hash))
+            seen = max(self.in_store.get(chunk_hash, -math.inf),
+                       self._put_at.get(chunk_hash, -math.inf))
+            if time.monotonic() - seen < self.confirm_window:  # confirmed(), or our PUT
+                return _Outcome(chunk_hash, origin=self._put_by.get(chunk_hash), seen=seen)
             other = self._puts.get(chunk_hash)
             if other is None:
                 mine = self._puts[chunk_hash] = _Put(job.length, (job.staging.id, job.offset))
@@ -441,7 +466,8 @@ class Uploader:
             if not other.ok:
                 return _Outcome(chunk_hash, error=TransientStoreError(
                     f"concurrent upload of chunk {chunk_hash} failed"))
-            return _Outcome(chunk_hash, origin=other.origin if other.stored else None)
+            return _Outcome(chunk_hash, origin=other.origin if other.stored else None,
+                            seen=other.started)
         try:
             key = manifests.chunk_key(chunk_hash)
             parts, _ = codec.encode_chunk_parts(data)
@@ -460,16 +486,20 @@ class Uploader:
             with self._puts_lock:
                 if mine.stored:
                     self._put_by[chunk_hash] = mine.origin
+                if mine.ok:
+                    self._put_at[chunk_hash] = mine.started
                 del self._puts[chunk_hash]
             mine.done.set()
-        if not mine.stored:
-            return _Outcome(chunk_hash)  # the HEAD found it: stored before, not by us
-        return _Outcome(chunk_hash, size, mine.origin)
+        if not mine.stored:  # the HEAD found it: stored before, not by us
+            return _Outcome(chunk_hash, seen=mine.started)
+        return _Outcome(chunk_hash, size, mine.origin, seen=mine.started)
 
     async def _finished(self, job: UploadJob, chunk_hash: str, stored: int,
-                        origin: Instance | None) -> None:
+                        origin: Instance | None, seen: float) -> None:
         """The chunk is in the store: `stored` encoded bytes PUT by this job (0: none),
-        by the PUT of chunk instance `origin` of this mount (None: it was there before).
+        by the PUT of chunk instance `origin` of this mount (None: it was there before),
+        as this mount saw at monotonic time `seen` (a job that skipped the chunk passes
+        the time of the sighting it relied on, so a skip never extends a confirmation).
         Every journaled copy of it is released; those of other instances than `origin`
         are dedup_bytes."""
         if stored:
@@ -477,7 +507,7 @@ class Uploader:
             self._stored_bytes += stored
             self._rate.add(job.length)
         async with self._lock:
-            self.in_store.add(chunk_hash)
+            self.in_store[chunk_hash] = max(seen, self.in_store.get(chunk_hash, seen))
             self._queued.discard(chunk_hash)
             if chunk_hash in self._journaled:
                 self._journaled.discard(chunk_hash)

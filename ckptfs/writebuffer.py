@@ -302,7 +302,7 @@ class WriteBuffer:
         journaled): the staging file never changes again and may be evicted once clean."""
         st = self.staging
         for c in version.pending:
-            if not journaled or c.hash in self.uploader.in_store:
+            if not journaled or not self.uploader.is_waiting(c.hash, st, c.offset):
                 self.cache.clear_dirty(st, c.offset)  # nothing to upload for these
         st.sealed = True
         self._close()

@@ -1,12 +1,13 @@
 """A store crafted as a writer leaves it (chunks, then the manifest), for the store tools'
-tests: complete files, missing and corrupt chunks, any writer and mtime."""
+tests: complete files, missing and corrupt chunks, any writer and mtime; and reading it
+back as a reader would."""
 
 from __future__ import annotations
 
 from support import random_bytes
 
 from ckptfs import manifests
-from ckptfs.codec import HEADER_SIZE, chunk_hash, encode_chunk
+from ckptfs.codec import HEADER_SIZE, chunk_hash, decode_chunk, encode_chunk
 from ckptfs.manifests import Manifest, StoreInfo
 from ckptfs.store.base import Store
 from ckptfs.store.s3 import S3Store
@@ -54,3 +55,31 @@ def checkpoint(store: Store, dir_path: str, writer: str = "node-a", mtime_ns: in
 
 def s3_url(store: S3Store) -> str:
     return f"s3://{store.bucket}/{store.prefix.rstrip('/')}"
+
+
+def read_back(store: Store, path: str, fossils: bool = False) -> bytes:
+    """The bytes of the file at `path`, from its manifest and its chunks (verified) in
+    chunks/ or, with `fossils`, also in fossils/ as readers fall back to them."""
+    m = Manifest.from_json(store.get(manifests.file_key(path)))
+    parts = []
+    for h, _ in m.chunks:
+        keys = [manifests.chunk_key(h)] + ([manifests.fossil_key(h)] if fossils else [])
+        for key in keys:
+            if store.head(key) is not None:
+                parts.append(bytes(decode_chunk(store.get(key), h)))
+                break
+        else:
+            raise AssertionError(f"{path}: chunk {h} is in neither "
+                                 f"{' nor '.join(k.split('/')[0] for k in keys)}")
+    return b"".join(parts)
+
+
+def stored_names(store: Store, prefix: str = manifests.CHUNKS) -> set[str]:
+    """The chunk names under chunks/ (or fossils/)."""
+    return {name for key, _ in store.list(prefix, None).objects
+            if (name := manifests.chunk_name(key, prefix)) is not None}
+
+
+def snapshot(store: Store) -> dict[str, str]:
+    """Every object of the store and its token: equal snapshots, unchanged store."""
+    return {info.key: info.token for info in store.scan("")}

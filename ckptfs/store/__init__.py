@@ -6,13 +6,13 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .base import AsyncStore, Listing, Store
+from .base import AsyncStore, Listing, ObjectInfo, Store
 from .local import LocalStore
 
 if TYPE_CHECKING:
     from .s3 import S3Store
 
-__all__ = ["AsyncStore", "Listing", "LocalStore", "S3Store", "Store", "open_store"]
+__all__ = ["AsyncStore", "Listing", "LocalStore", "ObjectInfo", "S3Store", "Store", "open_store"]
 
 
 def __getattr__(name: str) -> object:

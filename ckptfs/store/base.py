@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import trio
 
+from ..crashpoints import crash_point
 from ..errors import InvalidKeyError
 
 T = TypeVar("T")
+
+#: seconds: the most that a renamed object's mtime may lag the moment its old key vanished
+#: (a rename that copies and then deletes, and took longer, stamps the copy again); gc's
+#: safe minimum grace counts on it (docs/FORMAT.md, "Garbage collection")
+RESTAMP_AFTER = 30.0
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,21 @@ class Listing:
 
     objects: list[tuple[str, int]] = field(default_factory=list)
     prefixes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object as a scan or a stat sees it."""
+
+    key: str
+    size: int
+    #: when the object was written, in seconds since the epoch, by the *store's* clock (S3:
+    #: LastModified, whole seconds; a directory store: the file's mtime, which its file
+    #: system sets); never the reader's clock
+    mtime: float
+    #: changes whenever the object is replaced by different bytes (S3: size and ETag; a
+    #: directory store: size, mtime_ns and inode, since every put renames a new file in)
+    token: str
 
 
 def check_key(key: str) -> str:
@@ -87,6 +109,33 @@ class Store(abc.ABC):
         With delimiter '/', keys with a further '/' after the prefix are rolled up into
         `prefixes` (each ending in '/'), as S3 does. With None, the listing is recursive.
         """
+
+    @abc.abstractmethod
+    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix`, recursively, streamed: one page
+        (S3) or one directory (a directory store) in memory at a time, so that a store of
+        millions of objects can be walked in bounded memory. S3 yields keys in key order;
+        a directory store, directory by directory, each in name order. An object created
+        or deleted during the scan may or may not be yielded; one that exists throughout
+        is yielded exactly once."""
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> ObjectInfo | None:
+        """The object's size, store mtime and token, or None if absent."""
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move an object to another key, replacing any object there: afterwards `src` is
+        gone and `dst` holds its bytes, with an mtime (store clock) no earlier than the
+        start of this call, and no earlier than RESTAMP_AFTER before the moment `src`
+        vanished. NotFoundError if `src` is absent. Here: copy, then delete (not
+        atomic: a crash in between leaves both), and copy again when that took longer
+        than RESTAMP_AFTER; stores that can do better override it."""
+        start = time.monotonic()
+        self.copy(src, dst)
+        crash_point("store_rename_copied")
+        self.delete(src)
+        if time.monotonic() - start > RESTAMP_AFTER:
+            self.copy(dst, dst)
 
     def check_length(self, key: str) -> None:
         """Raise KeyTooLongError if the store cannot hold `key` because it is too long as

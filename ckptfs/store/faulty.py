@@ -7,11 +7,13 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 from ..errors import TransientStoreError
-from .base import Listing, Store
+from .base import Listing, ObjectInfo, Store
 
-OPS = ("put", "get", "get_range", "head", "delete", "list", "copy")
+OPS = ("put", "get", "get_range", "head", "delete", "list", "copy", "scan", "stat",
+       "rename")
 
 
 class FaultyStore(Store):
@@ -148,6 +150,18 @@ class FaultyStore(Store):
     def copy(self, src: str, dst: str) -> None:
         self._enter("copy")
         self.inner.copy(src, dst)
+
+    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
+        self._enter("scan")
+        yield from self.inner.scan(prefix)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        self._enter("stat")
+        return self.inner.stat(key)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._enter("rename")
+        self.inner.rename(src, dst)
 
     def check_length(self, key: str) -> None:
         self.inner.check_length(key)

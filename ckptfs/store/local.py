@@ -10,6 +10,7 @@ import secrets
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from ..crashpoints import crash_point
 from ..errors import (
     InvalidKeyError,
     KeyTooLongError,
@@ -17,7 +18,7 @@ from ..errors import (
     PermanentStoreError,
     TransientStoreError,
 )
-from .base import Listing, Store, check_key
+from .base import Listing, ObjectInfo, Store, check_key
 
 #: suffix of every object file; escaped names never contain it, so it never names a directory
 OBJECT_SUFFIX = "%o"
@@ -323,6 +324,52 @@ class LocalStore(Store):
             except FileNotFoundError:
                 return None
 
+    def stat(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        with self._errors("stat", key):
+            try:
+                return _info(key, path.stat())
+            except FileNotFoundError:
+                return None
+
+    # -- renaming
+
+    def rename(self, src: str, dst: str) -> None:
+        """os.rename, atomic: `src` vanishes as `dst` appears. The file's mtime is set to
+        the present before the rename (so that `dst` never shows the old mtime, not even
+        for a moment) and after it (so that it is no earlier than the moment `src`
+        vanished). On NFS, utime with no times sets the server's time, the clock that
+        sets every other mtime in the store."""
+        src_path, src_names = self._locate(src)
+        dst_path, dst_names = self._locate(dst)
+        if src_names or dst_names:
+            super().rename(src, dst)  # name files to keep in step: copy and delete
+            return
+        self._check_length(dst, dst_path, dst_names)
+        created: list[Path] = []
+        with self._errors("rename", src):
+            os.utime(src_path)
+            crash_point("store_rename_touched")
+            for _ in range(MKDIR_ATTEMPTS):
+                created += self._make_dirs(dst_path.parent)
+                try:
+                    os.rename(src_path, dst_path)
+                    break
+                except FileNotFoundError:
+                    if not src_path.exists():
+                        raise
+                    # else a concurrent delete pruned dst's (empty) parent: create it again
+            else:
+                raise TransientStoreError(f"cannot create the directory {dst_path.parent}: "
+                                          f"keeps vanishing")
+            with contextlib.suppress(FileNotFoundError):  # unless deleted meanwhile
+                os.utime(dst_path)
+            if self.fsync:
+                for d in {dst_path.parent, src_path.parent, *(c.parent for c in created)}:
+                    with contextlib.suppress(FileNotFoundError):
+                        fsync_dir(d)
+        self._prune(src_path.parent, {})
+
     # -- deleting
 
     def delete(self, key: str) -> None:
@@ -372,6 +419,13 @@ class LocalStore(Store):
                 elif _has_objects(Path(entry.path)):
                     prefixes.append(key + "/")
         return Listing(sorted(objects), sorted(prefixes))
+
+    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
+        dir_prefix = prefix[: prefix.rfind("/") + 1]
+        name_prefix = prefix[len(dir_prefix) :]
+        directory = self._dir(dir_prefix)
+        with self._errors("scan", prefix):
+            yield from _scan(directory, dir_prefix, name_prefix)
 
 
 def _copy_fd(src: int, dst: int) -> None:
@@ -442,6 +496,28 @@ def _walk(directory: Path, key_prefix: str) -> list[tuple[str, int]]:
         else:
             objects += _walk(Path(entry.path), key_prefix + name + "/")
     return objects
+
+
+def _info(key: str, st: os.stat_result) -> ObjectInfo:
+    return ObjectInfo(key, st.st_size, st.st_mtime_ns / 1e9,
+                      f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+
+
+def _scan(directory: Path, key_prefix: str, name_prefix: str = "") -> Iterator[ObjectInfo]:
+    """Every object under `directory` whose name starts with `name_prefix` (at this level
+    only), lazily: one directory's entries in memory at a time, in name order."""
+    for entry, name, is_object in sorted(_entries(directory), key=lambda e: e[1]):
+        if not name.startswith(name_prefix):
+            continue
+        key = key_prefix + name
+        if not is_object:
+            yield from _scan(Path(entry.path), key + "/")
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # deleted since the directory was read
+        yield _info(key, st)
 
 
 def _has_objects(directory: Path) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from ..crashpoints import crash_point
 from ..errors import (
     ConfigError,
     KeyTooLongError,
@@ -31,7 +33,7 @@ from ..errors import (
     TransientStoreError,
 )
 from ..manifests import CHUNKS
-from .base import Listing, Store, check_key
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key
 
 #: error codes of a missing object
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -249,6 +251,41 @@ class S3Store(Store):
             return None
         return int(response["ContentLength"])
 
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            with self._errors("stat", key):
+                response = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except NotFoundError:
+            return None
+        size = int(response["ContentLength"])
+        return ObjectInfo(key, size, response["LastModified"].timestamp(),
+                          f"{size}:{response.get('ETag', '')}")
+
+    def rename(self, src: str, dst: str) -> None:
+        """CopyObject (which gives the copy a new LastModified, and here keeps the
+        source's storage class: a copy would otherwise land in STANDARD), then
+        DeleteObject. Not atomic: a crash in between leaves both. When the two took longer
+        than RESTAMP_AFTER, the copy is copied onto itself to stamp it again."""
+        self.check_length(dst)
+        start = time.monotonic()
+        with self._errors("rename", src):
+            head = self._client.head_object(Bucket=self.bucket, Key=self._key(src))
+        storage_class = head.get("StorageClass")  # absent for STANDARD
+        self._copy(src, dst, storage_class)
+        crash_point("store_rename_copied")
+        self.delete(src)
+        if time.monotonic() - start > RESTAMP_AFTER:
+            self._copy(dst, dst, storage_class)
+
+    def _copy(self, src: str, dst: str, storage_class: str | None) -> None:
+        extra: dict[str, str] = {"StorageClass": storage_class} if storage_class else {}
+        if src == dst:
+            extra["MetadataDirective"] = "REPLACE"  # S3 refuses a copy onto itself without
+        with self._errors("copy", src):
+            self._client.copy_object(
+                Bucket=self.bucket, Key=self._key(dst),
+                CopySource={"Bucket": self.bucket, "Key": self._key(src)}, **extra)
+
     def delete(self, key: str) -> None:
         with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
@@ -287,14 +324,20 @@ class S3Store(Store):
                 prefixes += [p["Prefix"][n:] for p in page.get("CommonPrefixes", [])]
         return Listing(sorted(objects), sorted(prefixes))
 
+    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
+        n = len(self.prefix)
+        with self._errors("scan", prefix):
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix)
+            for page in pages:  # one page (up to 1000 objects) at a time
+                for o in page.get("Contents", []):
+                    size = int(o["Size"])
+                    yield ObjectInfo(o["Key"][n:], size, o["LastModified"].timestamp(),
+                                     f"{size}:{o.get('ETag', '')}")
+
     def copy(self, src: str, dst: str) -> None:
         self.check_length(dst)
-        with self._errors("copy", src):
-            self._client.copy_object(
-                Bucket=self.bucket,
-                Key=self._key(dst),
-                CopySource={"Bucket": self.bucket, "Key": self._key(src)},
-            )
+        self._copy(src, dst, None)
 
     def close(self) -> None:
         self._client.close()

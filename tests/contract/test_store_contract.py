@@ -130,6 +130,10 @@ def test_thousands_of_keys(store: Store) -> None:
     assert store.list("many/").objects == [(k, 2) for k in present]
     assert store.list("", None).objects == [("keep/me", 4), *((k, 2) for k in present)]
     assert store.list("").prefixes == ["keep/", "many/"]
+    scanned = store.scan("many/")
+    first = next(scanned)  # a stream: objects come before the last page is listed
+    assert (first.key, first.size) == (present[0], 2)
+    assert [(i.key, i.size) for i in scanned] == [(k, 2) for k in present[1:]]
     store.delete_many(keys)
     assert store.list("", None).objects == [("keep/me", 4)]
 
@@ -205,6 +209,62 @@ def test_copy(store: Store) -> None:
     with pytest.raises(NotFoundError):
         store.copy("src/absent", "dst/d")
     assert store.head("dst/d") is None
+
+
+def store_now(store: Store) -> float:
+    """The store's clock: the mtime of an object written now."""
+    store.put("clock/probe", b"")
+    info = store.stat("clock/probe")
+    store.delete("clock/probe")
+    assert info is not None
+    return info.mtime
+
+
+def test_scan_and_stat(store: Store) -> None:
+    """scan streams every object below a prefix with its size, store mtime and token;
+    stat answers the same for one key; a replaced object gets another token."""
+    for key, data in TREE.items():
+        store.put(key, data)
+    now = store_now(store)
+    infos = sorted(store.scan(""), key=lambda i: i.key)
+    assert [(i.key, i.size) for i in infos] == sorted((k, len(v)) for k, v in TREE.items())
+    for info in infos:
+        assert now - 60 < info.mtime <= now + 1, info  # S3: whole seconds
+        assert store.stat(info.key) == info
+    assert sorted(i.key for i in store.scan("dir/")) == ["dir/", "dir/sub/y", "dir/sub/z",
+                                                         "dir/x"]
+    assert sorted(i.key for i in store.scan("dir/s")) == ["dir/sub/y", "dir/sub/z"]
+    assert list(store.scan("nothing/")) == []
+    assert store.stat("dir/absent") is None and store.stat("dir/sub") is None
+    before = store.stat("dir/x")
+    store.put("dir/x", b"4444")
+    after = store.stat("dir/x")
+    assert before is not None and after is not None and after.token != before.token
+
+
+def test_rename(store: Store) -> None:
+    """rename moves the bytes, replaces an object at the target, and gives it an mtime no
+    earlier than the call (a moved chunk must not look old to gc)."""
+    store.put("src/a", b"payload")
+    store.put("src/b", b"other")
+    store.put("dst/b", b"old")
+    time.sleep(1.1)  # S3's LastModified has whole seconds
+    start = store_now(store)
+    store.rename("src/a", "dst/dir/a")
+    store.rename("src/b", "dst/b")
+    assert store.get("dst/dir/a") == b"payload" and store.get("dst/b") == b"other"
+    assert store.head("src/a") is None and store.head("src/b") is None
+    for key in ("dst/dir/a", "dst/b"):
+        info = store.stat(key)
+        assert info is not None and info.mtime >= start, (key, info, start)
+    assert keys_of(store.list("", None).objects) == ["dst/b", "dst/dir/a"]
+    with pytest.raises(NotFoundError):
+        store.rename("src/absent", "dst/c")
+    assert store.head("dst/c") is None
+    name = LONG_NAMES[4]  # mapped by the local store: copied, then deleted
+    store.put(f"long/{name}/x", b"long")
+    store.rename(f"long/{name}/x", f"moved/{name}")
+    assert store.get(f"moved/{name}") == b"long" and store.head(f"long/{name}/x") is None
 
 
 ODD_KEYS = [
@@ -688,6 +748,55 @@ def test_s3_key_length_limit(s3_store: S3Store) -> None:
         s3_store.put("k/" + "w" * 256, b"x")
 
 
+@pytest.mark.parametrize("slow", [False, True])
+def test_s3_rename_keeps_the_storage_class(seaweed: SeaweedServer, slow: bool,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renamed chunk keeps its class (a plain CopyObject would make it STANDARD); a
+    rename slower than RESTAMP_AFTER stamps its copy again (a copy onto itself)."""
+    from ckptfs.store import s3
+
+    if slow:
+        monkeypatch.setattr(s3, "RESTAMP_AFTER", -1.0)
+    bucket = seaweed.new_bucket()
+    store = S3Store(bucket, "p", endpoint_url=seaweed.endpoint,
+                    chunk_storage_class="STANDARD_IA")
+    try:
+        store.put("chunks/ab/abc", b"chunk")
+        store.rename("chunks/ab/abc", "fossils/ab/abc")
+        store.rename("fossils/ab/abc", "chunks/ab/abc2")
+        head = store._client.head_object(Bucket=bucket, Key="p/chunks/ab/abc2")
+        assert head.get("StorageClass") == "STANDARD_IA"
+        assert store.get("chunks/ab/abc2") == b"chunk"
+        assert keys_of(store.list("", None).objects) == ["chunks/ab/abc2"]
+    finally:
+        store.close()
+        seaweed.drop_bucket(bucket)
+
+
+def test_s3_rename_names_the_class_in_its_copy() -> None:
+    """AWS gives a copy the STANDARD class unless the request names one (SeaweedFS keeps
+    the source's, so the test above cannot tell): the copy must name the source's."""
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    class Client:
+        def head_object(self, **kw: object) -> dict[str, object]:
+            calls.append(("head", kw))
+            return {"ContentLength": 5, "StorageClass": "GLACIER_IR"}
+
+        def copy_object(self, **kw: object) -> None:
+            calls.append(("copy", kw))
+
+        def delete_object(self, **kw: object) -> None:
+            calls.append(("delete", kw))
+
+    store = S3Store("b", "p", endpoint_url="http://127.0.0.1:1")
+    store._client = Client()
+    store.rename("chunks/ab/abc", "fossils/ab/abc")
+    assert [c for c, _ in calls] == ["head", "copy", "delete"]
+    assert calls[1][1]["StorageClass"] == "GLACIER_IR"
+    assert calls[1][1]["CopySource"] == {"Bucket": "b", "Key": "p/chunks/ab/abc"}
+
+
 def test_s3_prefix_isolation(seaweed: SeaweedServer) -> None:
     bucket = seaweed.new_bucket()
     one = S3Store(bucket, prefix="/team/one", endpoint_url=seaweed.endpoint)
@@ -739,7 +848,7 @@ def test_faulty_fail(faulty: FaultyStore) -> None:
         faulty.head("a")
     assert faulty.head("a") == 1
     with pytest.raises(ValueError):
-        faulty.fail("rename")
+        faulty.fail("move")  # not an operation (rename is one, since gc)
 
 
 def test_faulty_fail_rate(faulty: FaultyStore) -> None:

@@ -17,7 +17,7 @@ from ckptfs import codec
 from ckptfs.cache import LocalCache
 from ckptfs.errors import CorruptChunkError, MissingChunkError, PermanentStoreError
 from ckptfs.fetcher import Fetcher
-from ckptfs.manifests import chunk_key
+from ckptfs.manifests import chunk_key, fossil_key
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
 
@@ -307,3 +307,52 @@ def test_fetcher_survives_failed_prefetch(store: RecordingStore, cache: LocalCac
         assert await read_chunk(f, h, len(data)) == data  # and the fetcher still works
 
     run(lambda: with_fetcher(store, cache, body))
+
+
+# ---------------------------------------------------------------------------- fossils
+def test_a_chunk_set_aside_by_gc_is_read_from_fossils(store: RecordingStore,
+                                                      cache: LocalCache) -> None:
+    """A manifest published just after gc's mark can name a chunk that is now only under
+    fossils/: the read finds it there at once (no wait for --missing-chunk-timeout),
+    verified like any chunk; a damaged fossil is never served."""
+    raw, packed = random_bytes(64 * KiB), b"optimizer.state " * 4 * KiB
+    damaged = random_bytes(10 * KiB)
+    inner = store.inner
+    for data in (raw, packed, damaged):
+        h = put_chunk(store, data)
+        inner.rename(chunk_key(h), fossil_key(h))
+    h_damaged = codec.chunk_hash(damaged)
+    store.corrupt_get(fossil_key(h_damaged))
+
+    async def body(f: Fetcher) -> None:
+        start = time.monotonic()
+        for data in (raw, packed):
+            assert await read_chunk(f, codec.chunk_hash(data), len(data)) == data
+        assert time.monotonic() - start < 5  # well within the 60 s it would wait for
+        assert f.fossil_chunks == 2
+        with pytest.raises(CorruptChunkError):
+            await read_chunk(f, h_damaged, len(damaged))
+        # the next gc run restores one: read from chunks/ again, wherever it is now
+        h = codec.chunk_hash(raw)
+        inner.rename(fossil_key(h), chunk_key(h))
+        cache.limit_bytes = 0
+        cache.evict()
+        assert await read_chunk(f, h, len(raw)) == raw
+
+    run(lambda: with_fetcher(store, cache, body, missing_timeout=60.0))
+
+
+def test_without_the_fallback_a_fossil_is_a_missing_chunk(
+        store: RecordingStore, cache: LocalCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the fallback prevents: a reader that looks in chunks/ only waits out its
+    timeout and fails (EIO) for a chunk that gc set aside."""
+    data = random_bytes(10 * KiB)
+    h = put_chunk(store, data)
+    store.inner.rename(chunk_key(h), fossil_key(h))
+    monkeypatch.setattr("ckptfs.fetcher.manifests.fossil_key", chunk_key)
+
+    async def body(f: Fetcher) -> None:
+        with pytest.raises(MissingChunkError):
+            await read_chunk(f, h, len(data))
+
+    run(lambda: with_fetcher(store, cache, body, missing_timeout=0.3))

@@ -3,6 +3,7 @@ status) against a LocalStore behind a FaultyStore, without FUSE."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from ckptfs import codec, uploader
 from ckptfs.cache import LocalCache, StagingFile
 from ckptfs.errors import PermanentStoreError
 from ckptfs.journal import Journal, PendingChunk
-from ckptfs.manifests import chunk_key
+from ckptfs.manifests import chunk_key, fossil_key
 from ckptfs.retry import Backoff
 from ckptfs.uploader import Uploader, UploadJob
 
@@ -484,3 +485,90 @@ def test_upload_rate_reads_zero_after_its_window(monkeypatch: pytest.MonkeyPatch
     assert rate.value() == 500 / 0.2  # the first one left it
     clock.now += 0.25
     assert rate.value() == 0
+
+
+# ---------------------------------------------------------------------------- gc
+@pytest.mark.parametrize("window", [0.5, math.inf], ids=["expiring", "never-expiring"])
+def test_a_chunk_seen_long_ago_is_headed_again_before_a_manifest_names_it(
+        store: RecordingStore, cache: LocalCache, journal: Journal, window: float) -> None:
+    """in_store entries count for the confirmation window only: a chunk this mount stored
+    longer ago may have been set aside by `ckptfs gc` since, so a new file naming it
+    journals it, and the upload's HEAD finds it gone and PUTs it again. With an entry
+    that never expires (what ckptfs did before gc existed), the new file names a chunk
+    that is in chunks/ no more: it survives only as a fossil, which the next sweep may
+    free."""
+    data = random_bytes(20 * KiB)
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1), confirm_window=window)
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            st, h, _ = await published(up, cache, data)
+            await settled(up, st)
+            assert up.confirmed(h) and store.counts["put"] == 1
+            store.inner.rename(chunk_key(h), fossil_key(h))  # gc's mark
+            heads = store.counts["head"]
+            st2, _, _ = await published(up, cache, data)  # within the window: trusted
+            assert not up.is_pending(h) and store.counts["head"] == heads
+            assert not up.is_waiting(h, st2, 0)
+            cache.clear_dirty(st2, 0)  # as WriteBuffer.published does for such a chunk
+            await trio.sleep(0.6)
+            st3, _, _ = await published(up, cache, data)
+            await settled(up, st2, st3)
+            if window == math.inf:
+                assert up.confirmed(h) and store.counts["head"] == heads
+                assert store.inner.head(chunk_key(h)) is None  # named, but only a fossil
+            else:
+                assert store.counts["head"] == heads + 1 and store.counts["put"] == 2
+                assert stored_chunk(store, h) == data and up.confirmed(h)
+                assert cache.dirty_bytes == 0 and journal.counts() == (0, 0)
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_a_skipped_upload_does_not_extend_the_confirmation(
+        store: RecordingStore, cache: LocalCache, journal: Journal) -> None:
+    """A job that finds its chunk confirmed skips it without a HEAD, and keeps the time
+    of the sighting it relied on: confirmations never extend themselves."""
+    data = random_bytes(8 * KiB)
+    done: list[str] = []
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1), confirm_window=60)
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            st = cache.new_staging()
+            os.pwrite(st.fd, data, 0)
+            up.submit_early_nowait(UploadJob(st, 0, len(data), on_done=done.append))
+            await wait_until_async(lambda: bool(done))
+            seen = up.in_store[done[0]]
+            await trio.sleep(0.05)
+            up.submit_early_nowait(UploadJob(st, 0, len(data), on_done=done.append))
+            await wait_until_async(lambda: len(done) == 2)
+            assert up.in_store[done[0]] == seen and store.counts["head"] == 1
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_a_writer_never_deduplicates_against_a_fossil(
+        store: RecordingStore, cache: LocalCache, journal: Journal) -> None:
+    """A chunk that gc set aside is only under fossils/: the HEAD of chunks/<h> does not
+    see it, so a writer uploads the chunk again instead of naming a fossil that the next
+    sweep may free."""
+    data = random_bytes(20 * KiB)
+    h = put_chunk(store, data)
+    store.inner.rename(chunk_key(h), fossil_key(h))
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1))
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            st, _, _ = await published(up, cache, data)
+            await settled(up, st)
+            n.cancel_scope.cancel()
+
+    run(main)
+    assert store.counts["put"] == 1 and stored_chunk(store, h) == data
+    assert store.inner.head(fossil_key(h)) is not None  # untouched: the next sweep's

@@ -1,4 +1,5 @@
-"""config: option values (sizes), the default cache directory, MountConfig's checks."""
+"""config: option values (sizes, durations), the default cache directory, MountConfig's
+checks."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import os
 
 import pytest
 
-from ckptfs.config import MountConfig, default_cache_dir, parse_size
+from ckptfs.config import (
+    MountConfig,
+    default_cache_dir,
+    format_duration,
+    parse_duration,
+    parse_size,
+)
 from ckptfs.errors import ConfigError
 
 
@@ -22,6 +29,22 @@ def test_parse_size(text: str, size: int) -> None:
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ConfigError, match="--cache-size") as e:
         parse_size(text, "--cache-size")
+    assert repr(text) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("text", "seconds", "shown"), [
+    ("0", 0, "0s"), ("30s", 30, "30s"), ("90", 90, "90s"), ("15m", 900, "15m"),
+    ("1h", 3600, "1h"), ("24h", 86400, "24h"), ("48H", 172800, "48h"), ("7d", 604800, "7d"),
+    ("1.5h", 5400, "90m"), (" 2 d ", 172800, "48h")])
+def test_parse_duration(text: str, seconds: float, shown: str) -> None:
+    assert parse_duration(text) == seconds
+    assert format_duration(seconds) == shown and parse_duration(shown) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "-1h", "-5", "1y", "1 h 2", "ten", "1e3s"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ConfigError, match="--grace") as e:
+        parse_duration(text, "--grace")
     assert repr(text) in str(e.value) and "\n" not in str(e.value)
 
 

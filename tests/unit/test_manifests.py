@@ -150,3 +150,13 @@ def test_dir_marker_roundtrip() -> None:
     assert manifests.DirMarker.from_json(b"") == manifests.DirMarker()
     with pytest.raises(FormatError):
         manifests.DirMarker.from_json(b"not json")
+
+
+def test_fossil_keys_and_chunk_names() -> None:
+    h = "6bba86c7e069f56d5a10b435f1c8e49c"
+    assert manifests.fossil_key(h) == f"fossils/6b/{h}"
+    assert manifests.chunk_name(manifests.chunk_key(h)) == h
+    assert manifests.chunk_name(manifests.fossil_key(h), manifests.FOSSILS) == h
+    for key in (manifests.fossil_key(h), f"chunks/6c/{h}", f"chunks/6b/{h}x", "chunks/6b/x",
+                f"chunks/{h}", f"chunks/6b/{h.upper()}"):
+        assert manifests.chunk_name(key) is None, key
