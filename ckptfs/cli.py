@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .inspection import FileReport
     from .journal import LostFile
     from .store.base import Store
+    from .usage import UsageReport
 
 log = logging.getLogger("ckptfs")
 
@@ -603,6 +604,68 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     return 0 if r.clean else 1
 
 
+def format_du(r: UsageReport, t: Target) -> list[str]:
+    """du's table: a row per checkpoint directory, PATH as a whole, the store's totals."""
+    rows = [(t.show(d.path), d) for d in r.dirs] + [(f"{t.show(r.path)} (all)", r.total)]
+    width = max(len("directory"), *(len(name) for name, _ in rows))
+    lines = [f"{'directory':<{width}}  {'files':>7}  {'logical':>10}  {'referenced':>10}  "
+             f"{'unique':>10}"]
+    for name, d in rows:
+        lines.append(f"{name:<{width}}  {d.files:>7}  {human(d.logical_bytes):>10}  "
+                     f"{human(d.referenced.bytes):>10}  {human(d.unique.bytes):>10}")
+    fossils = (f", {r.fossils.count} of them fossils ({human(r.fossils.bytes)})"
+               if r.fossils.count else "")
+    lines.append(f"store        {r.url}: {r.stored.count} chunk objects "
+                 f"({human(r.stored.bytes)}){fossils}; {r.unreferenced.count} "
+                 f"unreferenced ({human(r.unreferenced.bytes)}): what ckptfs gc frees once "
+                 f"they are older than its grace")
+    if r.missing:
+        lines.append(f"warning      {r.missing} chunks named by a manifest are in neither "
+                     f"chunks/ nor fossils/ and are not counted (run ckptfs fsck)")
+    if r.unreadable:
+        lines.append(f"warning      {len(r.unreadable)} manifests cannot be parsed and are "
+                     f"not counted, so unreferenced bytes may be too high (run ckptfs fsck): "
+                     f"{_chunk_list(r.unreadable)}")
+    return lines
+
+
+def cmd_du(a: argparse.Namespace) -> int:
+    from . import usage
+
+    t = open_target(a, a.path)
+    r = usage.du(t.store, t.path)
+    if a.json:
+        print(json.dumps(r.to_dict(), indent=1))
+    else:
+        print("\n".join(format_du(r, t)))
+    return 0
+
+
+def add_du_parser(sub: Any) -> None:
+    """The parser of `ckptfs du`."""
+    d = sub.add_parser(
+        "du", help="space used by each checkpoint directory, and what gc would free",
+        description="For each directory directly under PATH (the checkpoint directories) "
+        "and for PATH as a whole: the number of files, logical bytes (the sum of the file "
+        "sizes), referenced bytes (the stored size of the distinct chunks its files name, "
+        "as compressed in the store) and unique bytes (those of the chunks that nothing "
+        "else names: what deleting the directory lets gc free). Then the store's totals: "
+        "every chunk object (fossils included) and the unreferenced ones, which ckptfs gc "
+        "frees once they are older than its grace. Reads every manifest of the store and "
+        "lists chunks/ and fossils/; changes nothing. Exit 0, or 2 with one line when it "
+        "cannot be done (a bad URL, not a ckptfs store, no directory PATH). " + STORE_HELP,
+        epilog="examples: ckptfs du /mnt/ckpt/run7 | ckptfs du s3://bucket/run7 --json | "
+        "ckptfs du ./store run7")
+    d.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
+    d.add_argument("path", metavar="PATH", nargs="?", default="",
+                   help="with STORE: the directory holding the checkpoints (default: root)")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
+                   "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+    d.add_argument("--region", help="S3 region (default: the AWS config chain)")
+    d.set_defaults(func=cmd_du, error_exit=EXIT_ERROR)
+
+
 class GcProgress(ProgressLine):
     """gc's progress on stderr: the step, a bar over the chunk names for the scans of
     fossils/ and chunks/ (listed in name order), counts for the reference listing."""
@@ -868,6 +931,7 @@ def add_store_tools(sub: Any) -> None:
                    "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
     g.add_argument("--region", help="S3 region (default: the AWS config chain)")
     g.set_defaults(func=cmd_gc, error_exit=EXIT_ERROR)
+    add_du_parser(sub)
 
 
 def negative_values_joined(argv: list[str]) -> list[str]:
