@@ -211,7 +211,12 @@ def remove_tree(store: Store, path: str) -> int:
     how many keys were deleted."""
     prefix = manifests.dir_prefix(manifests.check_path(path))
     keys = [k for k, _ in store.list(prefix, delimiter=None).objects]
-    for group in _deletion_order(keys):
+    # the markers of directories that have none are deleted too (absent keys are
+    # ignored): some stores (SeaweedFS) keep an emptied directory until its marker key
+    # is deleted, and list it as a common prefix meanwhile
+    implicit = {prefix} | {k[:i + 1] for k in keys
+                           for i in range(len(prefix), len(k) - 1) if k[i] == "/"}
+    for group in _deletion_order(set(keys) | implicit):
         for i in range(0, len(group), DELETE_BATCH):
             store.delete_many(group[i:i + DELETE_BATCH])
     return len(keys)
