@@ -1,4 +1,5 @@
-"""The `ckptfs` command: mount, umount, status, sync; verify, ls, latest, fsck, gc on a store."""
+"""The `ckptfs` command: mount, umount, status, sync; verify, ls, latest, fsck, gc, du, prune
+on a store."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from .gc import GcReport, Tally
     from .inspection import FileReport
     from .journal import LostFile
+    from .retention import PruneResult
     from .store.base import Store
     from .usage import UsageReport
 
@@ -751,6 +753,91 @@ def cmd_gc(a: argparse.Namespace) -> int:
     return 1 if r.lost else 0
 
 
+# ---------------------------------------------------------------------------- prune
+def format_prune(r: PruneResult, t: Target) -> list[str]:
+    """One line per checkpoint directory (newest first), then the summary."""
+    lines = []
+    for c in r.checkpoints:
+        if c.keep:
+            lines.append(f"kept         {t.show(c.path)}: {'; '.join(c.detail)}")
+        else:
+            verb = "would remove" if r.dry_run else "removed     "
+            lines.append(f"{verb} {t.show(c.path)} ({c.keys} manifests and markers)")
+    removed = len(r.removed)
+    where = f"{t.show(r.dir)} matching {r.pattern!r}, ordered by {r.order}"
+    if r.dry_run:
+        lines.append(f"dry run      {removed} of {len(r.checkpoints)} checkpoint directories "
+                     f"in {where} would be removed, {len(r.kept)} kept; nothing was changed")
+    else:
+        lines.append(f"done         removed {removed} of {len(r.checkpoints)} checkpoint "
+                     f"directories in {where} ({r.deleted_keys} manifests and markers), "
+                     f"kept {len(r.kept)}; their chunks are freed by ckptfs gc after its "
+                     f"grace")
+    return lines
+
+
+def cmd_prune(a: argparse.Namespace) -> int:
+    from . import inspection, retention
+
+    try:
+        retention.check_policy(a.keep_last, a.keep_every)
+    except retention.PolicyError as e:
+        raise CliError(str(e)) from None
+    t = open_target(a, a.dir)
+    inspection.read_info(t.store)
+    r = retention.prune(t.store, t.path, a.keep_last, a.keep_every, a.pattern,
+                        dry_run=a.dry_run, deep=a.deep)
+    if a.json:
+        d = r.to_dict()
+        d["target"] = t.show(r.dir)
+        print(json.dumps(d, indent=1))
+    else:
+        print("\n".join(format_prune(r, t)))
+    return 0
+
+
+def add_prune_parser(sub: Any) -> None:
+    """Parser of prune (exit 2 when it cannot work)."""
+    pr = sub.add_parser(
+        "prune", help="remove old checkpoint directories, keeping the last N",
+        description="Remove the older checkpoint directories directly under DIR whose name "
+        "matches --pattern, ordered as `ckptfs latest` orders them (the numbers in the name "
+        "when every candidate has one, else the newest file mtime). Kept: the newest "
+        "--keep-last N; with --keep-every K, every checkpoint whose step (the LAST number "
+        "in its name) is a multiple of K; always the newest COMPLETE checkpoint (what "
+        "`ckptfs latest` prints) and everything newer, so an incomplete newest checkpoint "
+        "keeps its complete predecessor; everything when none is complete; and every "
+        "directory in a directory rename in flight. Removing a directory deletes its "
+        "manifests and directory markers; the chunks stay until `ckptfs gc` frees those "
+        "no file needs (after its grace). Prints one line per directory, removed or kept "
+        "and why, then a summary (--json: the same as JSON). Do not prune a directory that "
+        "a mount is still writing into. Exit status: 0 done, 2 it could not be done. "
+        + STORE_HELP,
+        epilog="examples: ckptfs prune /mnt/ckpt/run7 --keep-last 3 --pattern "
+        "'checkpoint-*' --dry-run | ckptfs prune s3://bucket/run7 ckpt --keep-last 5 "
+        "--keep-every 10000")
+    pr.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
+    pr.add_argument("dir", metavar="DIR", nargs="?", default="",
+                    help="with STORE: the directory holding the checkpoints (default: root)")
+    pr.add_argument("--keep-last", type=int, required=True, metavar="N",
+                    help="keep the newest N checkpoints (1 or more)")
+    pr.add_argument("--keep-every", type=int, metavar="K",
+                    help="also keep every checkpoint whose step, the last number in its "
+                    "name, is a multiple of K (checkpoint-5000 with K=1000)")
+    pr.add_argument("--pattern", default="*", help="shell pattern of checkpoint directory "
+                    "names, e.g. 'checkpoint-*', 'global_step*', 'step-*' (default: '*')")
+    pr.add_argument("--dry-run", action="store_true",
+                    help="change nothing, say what would be removed")
+    pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.add_argument("--deep", action="store_true",
+                    help="fetch and re-hash the chunks of the checkpoints checked for "
+                    "completeness instead of only checking that they exist")
+    pr.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
+                    "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+    pr.add_argument("--region", help="S3 region (default: the AWS config chain)")
+    pr.set_defaults(func=cmd_prune, error_exit=EXIT_ERROR)
+
+
 # ---------------------------------------------------------------------------- main
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -816,6 +903,7 @@ def parser() -> argparse.ArgumentParser:
     y.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
     y.set_defaults(func=cmd_sync)
     add_store_tools(sub)
+    add_prune_parser(sub)
     return p
 
 
