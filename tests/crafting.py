@@ -4,6 +4,10 @@ back as a reader would."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
+from mounting import run_cli
 from support import random_bytes
 
 from ckptfs import manifests
@@ -83,3 +87,26 @@ def stored_names(store: Store, prefix: str = manifests.CHUNKS) -> set[str]:
 def snapshot(store: Store) -> dict[str, str]:
     """Every object of the store and its token: equal snapshots, unchanged store."""
     return {info.key: info.token for info in store.scan("")}
+
+
+class StoreUnderTest:
+    """A crafted store (made a new ckptfs store) plus the CLI arguments that name it."""
+
+    def __init__(self, store: Store, url: str, extra: list[str]) -> None:
+        self.store = new_store(store)
+        self.url = url
+        self.extra = extra
+        self.local = not isinstance(store, S3Store)
+
+    def cli(self, command: str, *args: str, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """`ckptfs COMMAND STORE ARGS...` (with the store's options)."""
+        return run_cli(command, self.url, *args, *self.extra, check=check, timeout=120,
+                       env=env)
+
+    def json(self, command: str, *args: str, env: dict[str, str] | None = None
+             ) -> dict[str, object]:
+        """`ckptfs COMMAND STORE ARGS... --json`, which must exit 0: its answer."""
+        r = self.cli(command, *args, "--json", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return dict(json.loads(r.stdout))

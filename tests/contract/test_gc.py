@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import subprocess
 import sys
 import threading
 import time
@@ -21,8 +20,8 @@ from pathlib import Path
 import pytest
 from crafting import (
     CHUNK,
+    StoreUnderTest,
     checkpoint,
-    new_store,
     put_file,
     read_back,
     s3_url,
@@ -46,37 +45,6 @@ from ckptfs.store.local import LocalStore
 from ckptfs.store.s3 import S3Store
 
 DAY = 86400.0
-
-
-class StoreUnderTest:
-    """A store object plus the CLI arguments that name the same store."""
-
-    def __init__(self, store: Store, url: str, extra: list[str]) -> None:
-        self.store = new_store(store)
-        self.url = url
-        self.extra = extra
-        self.local = isinstance(store, LocalStore)
-
-    def cli(self, *args: str, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
-        command, *rest = args
-        return run_cli(command, self.url, *rest, *self.extra, check=False, timeout=120,
-                       env=env)
-
-    def gc(self, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
-        """`ckptfs gc --json` (must exit 0): its report."""
-        r = self.cli("gc", "--json", *args, env=env)
-        assert r.returncode == 0, r.stdout + r.stderr
-        return dict(json.loads(r.stdout))
-
-
-@pytest.fixture(params=["local", "s3"])
-def st(request: pytest.FixtureRequest) -> StoreUnderTest:
-    if request.param == "local":
-        local: LocalStore = request.getfixturevalue("local_store")
-        return StoreUnderTest(local, str(local.root), [])
-    s3: S3Store = request.getfixturevalue("s3_store")
-    return StoreUnderTest(s3, s3_url(s3), ["--endpoint-url", s3.endpoint])
 
 
 @pytest.fixture
@@ -122,7 +90,7 @@ def test_mark_then_sweep_frees_exactly_the_unreferenced_chunks(st: StoreUnderTes
     del want["step-1/model.pt"]
     before = stored_names(st.store)
 
-    r1 = st.gc("--grace", "0", "--no-writers")
+    r1 = st.json("gc", "--grace", "0", "--no-writers")
     assert stored_names(st.store) == before - old
     assert stored_names(st.store, manifests.FOSSILS) == old
     assert r1["fossilized"] == {"count": 4, "bytes": stored_bytes(old, st.store, True)}
@@ -131,14 +99,14 @@ def test_mark_then_sweep_frees_exactly_the_unreferenced_chunks(st: StoreUnderTes
     fsck = inspection.fsck(st.store, deep=True)
     assert fsck.clean and fsck.fossils == 4 and fsck.garbage_chunks == 0, fsck.to_dict()
 
-    r2 = st.gc("--grace", "0", "--no-writers")
+    r2 = st.json("gc", "--grace", "0", "--no-writers")
     assert r2["freed"]["count"] == 4 and r2["fossilized"]["count"] == 0  # type: ignore[index]
     assert stored_names(st.store, manifests.FOSSILS) == set()
     assert stored_names(st.store) == before - old
     assert {p: read_back(st.store, p) for p in want} == want  # from chunks/ alone
     fsck = inspection.fsck(st.store, deep=True)
     assert fsck.clean and fsck.fossils == 0 and fsck.garbage_chunks == 0
-    r3 = st.gc("--grace", "0", "--no-writers")
+    r3 = st.json("gc", "--grace", "0", "--no-writers")
     assert (r3["fossilized"], r3["freed"], r3["restored"]) == ({"count": 0, "bytes": 0},) * 3
 
 
@@ -197,7 +165,7 @@ def test_dry_run_changes_nothing(st: StoreUnderTest) -> None:
     assert snapshot(st.store) == before
     assert "1 (116 B) would be set aside as fossils" in r.stdout  # 16 B of header each
     assert "1 (216 B) would be freed" in r.stdout and "nothing was changed" in r.stdout
-    d = st.gc("--grace", "0", "--no-writers", "--dry-run")
+    d = st.json("gc", "--grace", "0", "--no-writers", "--dry-run")
     assert d["dry_run"] is True and d["fossilized"]["count"] == 1  # type: ignore[index]
     assert d["freed"]["count"] == 1 and snapshot(st.store) == before  # type: ignore[index]
 
@@ -333,7 +301,7 @@ def test_gc_killed_at_any_point_loses_nothing(kind: str, point: str,
     assert r.returncode == -9, (point, r.returncode, r.stdout, r.stderr)
     assert files_of(st.store) == want
     for _ in range(2):
-        st.gc("--grace", "0", "--no-writers")
+        st.json("gc", "--grace", "0", "--no-writers")
     assert {p: read_back(st.store, p) for p in want} == want
     assert stored_names(st.store, manifests.FOSSILS) == set()
     fsck = inspection.fsck(st.store, deep=True)

@@ -8,12 +8,11 @@ tests/fuse/test_inspection_mounted.py.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from crafting import CHUNK, T0, checkpoint, flip_byte, new_store, put_file, s3_url
+from crafting import CHUNK, T0, StoreUnderTest, checkpoint, flip_byte, new_store, put_file, s3_url
 from mounting import run_cli
 from seaweed import SeaweedServer
 from support import random_bytes
@@ -22,34 +21,11 @@ from ckptfs import inspection, manifests
 from ckptfs.codec import chunk_hash, encode_chunk
 from ckptfs.errors import NoEntry
 from ckptfs.manifests import Manifest
-from ckptfs.store.base import Store
 from ckptfs.store.local import LocalStore
 from ckptfs.store.s3 import S3Store
 
 
 # ---------------------------------------------------------------------------- fixtures
-class StoreUnderTest:
-    """A store object plus the CLI arguments that name the same store."""
-
-    def __init__(self, store: Store, url: str, extra: list[str]) -> None:
-        self.store = new_store(store)
-        self.url = url
-        self.extra = extra
-
-    def cli(self, command: str, *args: str, check: bool = False
-            ) -> subprocess.CompletedProcess[str]:
-        return run_cli(command, self.url, *args, *self.extra, check=check, timeout=60)
-
-
-@pytest.fixture(params=["local", "s3"])
-def st(request: pytest.FixtureRequest) -> StoreUnderTest:
-    if request.param == "local":
-        local: LocalStore = request.getfixturevalue("local_store")
-        return StoreUnderTest(local, str(local.root), [])
-    s3: S3Store = request.getfixturevalue("s3_store")
-    return StoreUnderTest(s3, s3_url(s3), ["--endpoint-url", s3.endpoint])
-
-
 @pytest.fixture
 def local(local_store: LocalStore) -> LocalStore:
     new_store(local_store)

@@ -6,45 +6,16 @@ tests/fuse/test_prune_mounted.py."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-import pytest
-from crafting import checkpoint, new_store, read_back, s3_url, snapshot
+from crafting import StoreUnderTest, checkpoint, new_store, read_back, snapshot
 from mounting import run_cli
 
 from ckptfs import inspection, manifests, retention
 from ckptfs.store.base import Store
 from ckptfs.store.local import LocalStore
-from ckptfs.store.s3 import S3Store
 
 STEPS = list(range(100, 1300, 100))  # step-100 .. step-1200
-
-
-class StoreUnderTest:
-    """A store object plus the CLI arguments that name the same store."""
-
-    def __init__(self, store: Store, url: str, extra: list[str]) -> None:
-        self.store = new_store(store)
-        self.url = url
-        self.extra = extra
-
-    def prune(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli("prune", self.url, *args, *self.extra, check=False, timeout=120)
-
-    def prune_json(self, *args: str) -> dict[str, object]:
-        r = self.prune(*args, "--json")
-        assert r.returncode == 0, r.stdout + r.stderr
-        return dict(json.loads(r.stdout))
-
-
-@pytest.fixture(params=["local", "s3"])
-def st(request: pytest.FixtureRequest) -> StoreUnderTest:
-    if request.param == "local":
-        local: LocalStore = request.getfixturevalue("local_store")
-        return StoreUnderTest(local, str(local.root), [])
-    s3: S3Store = request.getfixturevalue("s3_store")
-    return StoreUnderTest(s3, s3_url(s3), ["--endpoint-url", s3.endpoint])
 
 
 def series(store: Store, skip_newest: bool = False) -> None:
@@ -69,7 +40,7 @@ def test_keep_last_removes_the_older_ones(st: StoreUnderTest) -> None:
         manifests.file_key("run/step-100/config.json")))  # a file beside: not a candidate
     want = {p: read_back(st.store, p) for p in ("run/step-1100/model.pt",
                                                   "run/step-1200/config.json")}
-    d = st.prune_json("run", "--keep-last", "3")
+    d = st.json("prune", "run", "--keep-last", "3")
     assert d["kept"] == ["run/step-1200", "run/step-1100", "run/step-1000"]
     assert d["removed"] == [f"run/step-{n}" for n in reversed(STEPS[:-3])]
     assert d["newest_complete"] == "run/step-1200" and d["order"] == "number"
@@ -83,7 +54,7 @@ def test_keep_last_removes_the_older_ones(st: StoreUnderTest) -> None:
 
 def test_keep_every_keeps_the_multiples(st: StoreUnderTest) -> None:
     series(st.store)
-    r = st.prune("run", "--keep-last", "3", "--keep-every", "500")
+    r = st.cli("prune", "run", "--keep-last", "3", "--keep-every", "500")
     assert r.returncode == 0, r.stderr
     assert dirs(st.store) == steps(500, 1000, 1100, 1200)
     assert "kept         run/step-500: step 500 is a multiple of 500 (--keep-every 500)" \
@@ -94,7 +65,7 @@ def test_keep_every_keeps_the_multiples(st: StoreUnderTest) -> None:
 
 def test_incomplete_newest_keeps_its_complete_predecessor(st: StoreUnderTest) -> None:
     series(st.store, skip_newest=True)  # step-1200 lost a chunk
-    d = st.prune_json("run", "--keep-last", "1")
+    d = st.json("prune", "run", "--keep-last", "1")
     assert dirs(st.store) == steps(1100, 1200)
     assert d["newest_complete"] == "run/step-1100"
     why = {c["path"]: c["reasons"] for c in d["checkpoints"]}  # type: ignore[attr-defined]
@@ -106,12 +77,12 @@ def test_incomplete_newest_keeps_its_complete_predecessor(st: StoreUnderTest) ->
 def test_dry_run_changes_nothing(st: StoreUnderTest) -> None:
     series(st.store)
     before = snapshot(st.store)
-    r = st.prune("run", "--keep-last", "2", "--dry-run")
+    r = st.cli("prune", "run", "--keep-last", "2", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert snapshot(st.store) == before
     assert "would remove run/step-100 (2 manifests and markers)" in r.stdout
     assert r.stdout.splitlines()[-1].startswith("dry run      10 of 12 ")
-    d = st.prune_json("run", "--keep-last", "2", "--dry-run")
+    d = st.json("prune", "run", "--keep-last", "2", "--dry-run")
     assert d["dry_run"] and len(d["removed"]) == 10 and d["deleted_keys"] == 0  # type: ignore[arg-type]
     assert snapshot(st.store) == before
 
@@ -121,7 +92,7 @@ def test_rename_in_flight_is_kept(st: StoreUnderTest) -> None:
     st.store.put("intents/node-b-7.json", json.dumps(
         {"v": 1, "op": "rename_dir", "src": "run/step-300", "dst": "old/step-300",
          "writer": "node-b"}).encode())
-    d = st.prune_json("run", "--keep-last", "2")
+    d = st.json("prune", "run", "--keep-last", "2")
     assert dirs(st.store) == steps(300, 1100, 1200)
     [kept] = [c for c in d["checkpoints"] if c["path"] == "run/step-300"]  # type: ignore[attr-defined]
     assert kept["reasons"] == ["renaming"] and "node-b" in kept["why"][0]

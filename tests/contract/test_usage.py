@@ -5,12 +5,11 @@ the one-line errors. Through a real mount: tests/fuse/test_usage_mounted.py."""
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from crafting import CHUNK, new_store, put_file, s3_url
+from crafting import CHUNK, StoreUnderTest, put_file
 from mounting import run_cli
 from seaweed import SeaweedServer
 from support import random_bytes
@@ -19,29 +18,6 @@ from ckptfs import manifests, usage
 from ckptfs.codec import chunk_hash, encode_chunk
 from ckptfs.errors import NoEntry
 from ckptfs.store.base import Store
-from ckptfs.store.local import LocalStore
-from ckptfs.store.s3 import S3Store
-
-
-class StoreUnderTest:
-    """A store object plus the CLI arguments that name the same store."""
-
-    def __init__(self, store: Store, url: str, extra: list[str]) -> None:
-        self.store = new_store(store)
-        self.url = url
-        self.extra = extra
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli("du", self.url, *args, *self.extra, check=False, timeout=60)
-
-
-@pytest.fixture(params=["local", "s3"])
-def st(request: pytest.FixtureRequest) -> StoreUnderTest:
-    if request.param == "local":
-        local: LocalStore = request.getfixturevalue("local_store")
-        return StoreUnderTest(local, str(local.root), [])
-    s3: S3Store = request.getfixturevalue("s3_store")
-    return StoreUnderTest(s3, s3_url(s3), ["--endpoint-url", s3.endpoint])
 
 
 def stored(store: Store, *hashes: str, prefix: str = manifests.CHUNKS) -> int:
@@ -107,10 +83,10 @@ def test_shared_unique_and_unreferenced_bytes(st: StoreUnderTest) -> None:
         r.stored.bytes - r.unreferenced.bytes)
     assert whole.dirs[1].unique.bytes == total.unique.bytes
 
-    cli = st.cli("run", "--json")
+    cli = st.cli("du", "run", "--json")
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout) == r.to_dict()
-    table = st.cli("run")
+    table = st.cli("du", "run")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["directory", "files", "logical", "referenced", "unique"]
@@ -130,7 +106,7 @@ def test_a_fossil_beside_its_chunk_is_freed_and_a_missing_chunk_is_counted(
     assert (r.unreferenced.count, r.unreferenced.bytes) == (
         1, stored(s, h, prefix=manifests.FOSSILS))
     assert r.total.referenced.bytes == stored(s, h)
-    out = st.cli().stdout
+    out = st.cli("du").stdout
     assert "1 chunks named by a manifest are in neither" in out, out
 
 
@@ -153,5 +129,5 @@ def test_errors_are_one_line_with_exit_2(st: StoreUnderTest, tmp_path: Path,
         r = run_cli("du", *args, check=False, timeout=60)
         assert r.returncode == 2 and r.stdout == "", (args, r.stdout, r.stderr)
         assert r.stderr.startswith("ckptfs: ") and r.stderr.count("\n") == 1, r.stderr
-    r = st.cli("run/nope")
+    r = st.cli("du", "run/nope")
     assert "no such directory in the store: run/nope" in r.stderr
