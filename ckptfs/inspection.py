@@ -379,6 +379,19 @@ def checkpoint_order_key(name: str) -> tuple[int, ...]:
     return tuple(int(n) for n in NUMBER.findall(name))
 
 
+def checkpoint_names(store: Store, dir_path: str, pattern: str) -> tuple[str, list[str]]:
+    """(`dir_path` checked, the sorted names of its subdirectories that match the fnmatch
+    `pattern`): the candidates of latest() and retention.prune(). NoEntry if the store
+    has no such directory."""
+    dir_path = manifests.check_path(dir_path.strip("/"))
+    prefix = manifests.dir_prefix(dir_path)
+    listing = store.list(prefix, delimiter="/")
+    names = sorted(p[len(prefix):].rstrip("/") for p in listing.prefixes)
+    if not names and not listing.objects and dir_path:
+        raise NoEntry(f"no such directory in the store: {dir_path}")
+    return dir_path, [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+
+
 def latest(store: Store, dir_path: str = "", pattern: str = "*", deep: bool = False
            ) -> str | None:
     """The newest complete checkpoint directory directly under `dir_path`, or None.
@@ -390,13 +403,7 @@ def latest(store: Store, dir_path: str = "", pattern: str = "*", deep: bool = Fa
     missing or corrupt chunk, an unreadable manifest, or in a directory rename in flight
     is skipped. The result is a path relative to the filesystem root.
     """
-    dir_path = manifests.check_path(dir_path.strip("/"))
-    prefix = manifests.dir_prefix(dir_path)
-    listing = store.list(prefix, delimiter="/")
-    names = sorted(p[len(prefix):].rstrip("/") for p in listing.prefixes)
-    if not names and not listing.objects and dir_path:
-        raise NoEntry(f"no such directory in the store: {dir_path}")
-    names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+    dir_path, names = checkpoint_names(store, dir_path, pattern)
     intents = read_intents(store)
     checker = ChunkChecker(store, deep)
 

@@ -3,7 +3,6 @@ removing the others from the store (manifests and markers; gc frees their chunks
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from .inspection import (
     ChunkChecker,
     FileReport,
     Intent,
+    checkpoint_names,
     checkpoint_order_key,
     list_files,
     read_intents,
@@ -134,14 +134,8 @@ def plan(store: Store, dir_path: str, keep_last: int, keep_every: int | None = N
     NoEntry if the store has no directory `dir_path`.
     """
     check_policy(keep_last, keep_every)
-    dir_path = manifests.check_path(dir_path.strip("/"))
+    dir_path, names = checkpoint_names(store, dir_path, pattern)
     result = PruneResult(dir_path, pattern, keep_last, keep_every)
-    prefix = manifests.dir_prefix(dir_path)
-    listing = store.list(prefix, delimiter="/")
-    names = sorted(p[len(prefix):].rstrip("/") for p in listing.prefixes)
-    if not names and not listing.objects and dir_path:
-        raise NoEntry(f"no such directory in the store: {dir_path}")
-    names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
     intents = read_intents(store)
     checker = ChunkChecker(store, deep)
     cps = [Checkpoint(manifests.join(dir_path, n), step=_step(n)) for n in names]
