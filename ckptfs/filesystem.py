@@ -738,6 +738,7 @@ class CheckpointFS:
         errors = [e for e in (up.last_error, self.publisher.last_error) if e] + problems
         rate = up.upload_rate
         dirty = self.cache.dirty_bytes
+        open_files = self.open_buffers()
         return MountStatistics(
             dirty_bytes=dirty,
             uploading_bytes=up.uploading_bytes,
@@ -755,14 +756,14 @@ class CheckpointFS:
             eta_seconds=round(dirty / rate, 1) if rate > 0 else None,
             pending_chunks=self.uploader.pending_count(),
             pending_ops=self.publisher.pending_count,
-            open_files=self.open_buffers(),
+            open_files=open_files,
             fetched_bytes=fetch.fetched_bytes,
             cache_hits=fetch.cache_hits,
             cache_misses=fetch.cache_misses,
             errors=errors,
             problems=problems,
             retrying_since=up.retrying_since,
-            durable=self.durable(),
+            durable=self.flushed() and not open_files and not problems,
         )
 
     def flushed(self) -> bool:
@@ -770,8 +771,10 @@ class CheckpointFS:
         return self.uploader.pending_count() == 0 and self.publisher.pending_count == 0
 
     def durable(self) -> bool:
-        """flushed(), no file open with unpublished data, and no data lost."""
-        return self.flushed() and self.open_buffers() == 0 and not self.problems()
+        """flushed(), no file open with unpublished data (a failed publish included), and
+        no data lost."""
+        return (self.flushed() and not self.table.open_buffers()
+                and not self.uploader.lost_files())
 
     def sync_target(self) -> tuple[int, frozenset[str]]:
         """What `ckptfs sync` waits for: the ops and chunks journaled so far."""

@@ -181,6 +181,20 @@ def _delete_scratch(store: Store, report: GcReport) -> None:
 
 
 # ---------------------------------------------------------------------------- references
+def reader_of(store: Store) -> Callable[[ObjectInfo], bytes | None]:
+    """GET of a listed object, retried over transient errors; None if it vanished since
+    the listing (deleted, or renamed away)."""
+    get = retrying(store.get)
+
+    def fetch(info: ObjectInfo) -> bytes | None:
+        try:
+            return get(info.key)
+        except NotFoundError:
+            return None
+
+    return fetch
+
+
 def read_references(store: Store, report: GcReport, prefixes: tuple[str, ...],
                     progress: Progress = _no_progress) -> References:
     """Every chunk named by a manifest under `prefixes`, from LISTING_PASSES listings.
@@ -194,14 +208,7 @@ def read_references(store: Store, report: GcReport, prefixes: tuple[str, ...],
     """
     refs = References()
     read: dict[str, str] = {}  # manifest key -> token of the version read
-    get = retrying(store.get)
-
-    def fetch(info: ObjectInfo) -> bytes | None:
-        try:
-            return get(info.key)
-        except NotFoundError:
-            return None
-
+    fetch = reader_of(store)
     for n in range(LISTING_PASSES):
         report.phase = "references" if n == 0 else f"references (pass {n + 1})"
 

@@ -26,10 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from . import inspection, manifests
-from .errors import FormatError, NoEntry, NotFoundError
-from .gc import Tally
+from .errors import FormatError, NoEntry
+from .gc import Tally, reader_of
 from .manifests import CHUNKS, FILES, FOSSILS, Manifest
-from .retry import retrying
 from .store.base import ObjectInfo, Store
 
 #: who names a chunk, besides a directory's index (>= 0: that directory alone)
@@ -116,14 +115,7 @@ def _manifests(store: Store, infos: Iterator[ObjectInfo], report: UsageReport
                ) -> Iterator[tuple[str, Manifest]]:
     """(key, manifest) of the listed keys (markers skipped), read 16 at a time; one that
     vanished since the listing is skipped, one that cannot be parsed is recorded."""
-    get = retrying(store.get)
-
-    def fetch(info: ObjectInfo) -> bytes | None:
-        try:
-            return get(info.key)
-        except NotFoundError:
-            return None
-
+    fetch = reader_of(store)
     keys = (i for i in infos if not i.key.endswith("/"))
     for info, blob in inspection.parallel_map(fetch, keys):
         if blob is None:

@@ -18,6 +18,7 @@ call that awaits (see docs/CONCURRENCY.md). Chunk boundaries come only from the 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -69,7 +70,7 @@ class WriteBuffer:
         self.stream: codec.Hasher | None = None
         self.stream_chunk = -1
         # complete chunks uploaded early, oldest first, for evict_uploaded
-        self.uploaded: list[int] = []
+        self.uploaded: deque[int] = deque()
         self.evict_due = False  # an upload finished while a write held the lock
         self.closed = False  # sealed and published, or discarded
 
@@ -237,7 +238,7 @@ class WriteBuffer:
             return
         self.cache.evict()
         while self.uploaded and self.cache.over_limit():
-            i = self.uploaded.pop(0)
+            i = self.uploaded.popleft()
             known = self.hashes.get(i)
             if (known is None or known[1] != self.versions.get(i, 0) or not self.is_local(i)
                     or known[0] not in self.uploader.in_store):

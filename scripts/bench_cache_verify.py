@@ -18,36 +18,20 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from bench import drop_caches, run  # noqa: E402  (scripts/bench.py)
 from seaweed import SeaweedServer  # noqa: E402
 
 from ckptfs import codec  # noqa: E402
 from ckptfs.cache import LocalCache  # noqa: E402
 
-CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
 MiB = 1 << 20
 CHUNK = 16 * MiB
-
-
-def drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass
-
-
-def run(*args: str) -> str:
-    r = subprocess.run([*CKPTFS, *args], capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"ckptfs {' '.join(args)} failed: {r.stderr.strip()}")
-    return r.stdout
 
 
 def read_all(path: Path) -> float:
