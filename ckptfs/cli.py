@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, mounts
-from .config import MountConfig, format_duration, parse_duration, parse_size
-from .errors import CkptfsError, JournalError
+from .config import MountConfig, format_duration, parse_duration, parse_size, trash_seconds
+from .errors import CkptfsError, CliError, JournalError
 
 if TYPE_CHECKING:
     from .gc import GcReport, Tally
@@ -32,10 +32,6 @@ log = logging.getLogger("ckptfs")
 CONTROL_XATTR = "user.ckptfs.control"
 #: how the daemon marks a line for the user (mount.Notice) on the pipe to `ckptfs mount`
 NOTICE = "notice: "
-
-
-class CliError(Exception):
-    """A failure to report as one line and a non-zero exit."""
 
 
 def human(n: float | None) -> str:
@@ -60,7 +56,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
         metadata_ttl=a.metadata_ttl, missing_chunk_timeout=a.missing_chunk_timeout,
         fsync_to_store=a.fsync_to_store, allow_other=a.allow_other,
         foreground=a.foreground, debug=a.debug, node_id=a.node_id or "",
-        storage_class=a.storage_class)
+        storage_class=a.storage_class, trash_hours=a.trash_hours)
     from . import mount  # imports pyfuse3: only for this command
 
     if cfg.foreground:
@@ -594,6 +590,9 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     print(f"chunks       {r.chunks_referenced} referenced, {r.chunks_stored} stored "
           f"({human(r.stored_bytes)}), {r.garbage_chunks} unreferenced "
           f"({human(r.garbage_bytes)}, garbage for gc, not an error)")
+    if r.trash_files:
+        print(f"trash        {r.trash_files} deleted files whose chunks stay until their "
+              f"trash time is up (ckptfs trash ls)")
     if r.fossils:
         named = (f"; {r.referenced_fossils} of them named by a file: readable, and the next "
                  f"gc run restores them" if r.referenced_fossils else "")
@@ -621,6 +620,10 @@ def format_du(r: UsageReport, t: Target) -> list[str]:
                  f"({human(r.stored.bytes)}){fossils}; {r.unreferenced.count} "
                  f"unreferenced ({human(r.unreferenced.bytes)}): what ckptfs gc frees once "
                  f"they are older than its grace")
+    if r.trash.count:
+        lines.append(f"trash        {r.trash.count} deleted files ({human(r.trash.bytes)} "
+                     f"logical) keep their chunks until their trash time is up "
+                     f"(ckptfs trash ls)")
     if r.missing:
         lines.append(f"warning      {r.missing} chunks named by a manifest are in neither "
                      f"chunks/ nor fossils/ and are not counted (run ckptfs fsck)")
@@ -705,14 +708,17 @@ def format_gc(r: GcReport) -> list[str]:
         f"store        {r.url}: store clock {_utc(r.store_time)}; grace {grace}: objects "
         f"written before {_utc(r.cutoff)} are old enough",
         f"manifests    {r.manifests.count} read ({human(r.manifests.bytes)}; "
-        f"{r.manifests_reread} new or changed at the second listing), {r.referenced} "
-        f"chunks referenced",
+        f"{r.manifests_reread} new or changed at the second listing; "
+        f"{r.trash_manifests} in the trash), {r.referenced} chunks referenced",
         f"fossils      {_n(r.fossils)}: {_n(r.restored)} {would}restored (referenced), "
         f"{_n(r.freed)} {would}freed, {_n(r.kept_fossils)} kept for the grace",
         f"chunks       {_n(r.chunks)}: {_n(r.chunks_referenced)} referenced, "
         f"{_n(r.fossilized)} {would}set aside as fossils, {_n(r.kept_chunks)} unreferenced "
         f"kept for the grace",
     ]
+    if r.trash_expired.count:
+        lines.insert(1, f"trash        {r.trash_expired.count} entries {would}deleted: "
+                        f"their trash time was up")
     if r.vanished:
         lines.append(f"note         {r.vanished} objects were moved or deleted by another gc "
                      f"run while this one worked; the next run sees them")
@@ -754,7 +760,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- prune
-def format_prune(r: PruneResult, t: Target) -> list[str]:
+def format_prune(r: PruneResult, t: Target, keep: float = 0.0) -> list[str]:
     """One line per checkpoint directory (newest first), then the summary."""
     lines = []
     for c in r.checkpoints:
@@ -764,6 +770,7 @@ def format_prune(r: PruneResult, t: Target) -> list[str]:
             verb = "would remove" if r.dry_run else "removed     "
             lines.append(f"{verb} {t.show(c.path)} ({c.keys} manifests and markers)")
     removed = len(r.removed)
+    trashed = f"in the trash for {format_duration(keep)}, then " if keep else ""
     where = f"{t.show(r.dir)} matching {r.pattern!r}, ordered by {r.order}"
     if r.dry_run:
         lines.append(f"dry run      {removed} of {len(r.checkpoints)} checkpoint directories "
@@ -771,8 +778,8 @@ def format_prune(r: PruneResult, t: Target) -> list[str]:
     else:
         lines.append(f"done         removed {removed} of {len(r.checkpoints)} checkpoint "
                      f"directories in {where} ({r.deleted_keys} manifests and markers), "
-                     f"kept {len(r.kept)}; their chunks are freed by ckptfs gc after its "
-                     f"grace")
+                     f"kept {len(r.kept)}; {trashed}ckptfs gc frees their chunks after "
+                     f"its grace")
     return lines
 
 
@@ -785,14 +792,15 @@ def cmd_prune(a: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     t = open_target(a, a.dir)
     inspection.read_info(t.store)
+    keep = trash_seconds(a.trash_hours)
     r = retention.prune(t.store, t.path, a.keep_last, a.keep_every, a.pattern,
-                        dry_run=a.dry_run, deep=a.deep)
+                        dry_run=a.dry_run, deep=a.deep, trash_keep=keep)
     if a.json:
         d = r.to_dict()
         d["target"] = t.show(r.dir)
         print(json.dumps(d, indent=1))
     else:
-        print("\n".join(format_prune(r, t)))
+        print("\n".join(format_prune(r, t, keep)))
     return 0
 
 
@@ -807,9 +815,10 @@ def add_prune_parser(sub: Any) -> None:
         "in its name) is a multiple of K; always the newest COMPLETE checkpoint (what "
         "`ckptfs latest` prints) and everything newer, so an incomplete newest checkpoint "
         "keeps its complete predecessor; everything when none is complete; and every "
-        "directory in a directory rename in flight. Removing a directory deletes its "
-        "manifests and directory markers; the chunks stay until `ckptfs gc` frees those "
-        "no file needs (after its grace). Prints one line per directory, removed or kept "
+        "directory in a directory rename in flight. Removing a directory moves its "
+        "manifests and directory markers to the store's trash for --trash-hours (ckptfs "
+        "trash restore undoes it); the chunks stay until `ckptfs gc` frees those no file "
+        "needs, after the trash time and its grace. Prints one line per directory, removed or kept "
         "and why, then a summary (--json: the same as JSON). Do not prune a directory that "
         "a mount is still writing into. Exit status: 0 done, 2 it could not be done. "
         + STORE_HELP,
@@ -829,6 +838,9 @@ def add_prune_parser(sub: Any) -> None:
     pr.add_argument("--dry-run", action="store_true",
                     help="change nothing, say what would be removed")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.add_argument("--trash-hours", type=float, default=24.0, metavar="H",
+                    help="keep what is removed in the store's trash for H hours (ckptfs "
+                    "trash restore brings it back); 0 deletes at once (default 24)")
     pr.add_argument("--deep", action="store_true",
                     help="fetch and re-hash the chunks of the checkpoints checked for "
                     "completeness instead of only checking that they exist")
@@ -866,6 +878,10 @@ def parser() -> argparse.ArgumentParser:
                    help="S3 storage class of chunk objects, e.g. STANDARD_IA or "
                    "INTELLIGENT_TIERING (default: the bucket's); manifests stay in the "
                    "bucket's default class. s3:// stores only")
+    m.add_argument("--trash-hours", type=float, default=24.0, metavar="H",
+                   help="deleted files (unlink, rm -rf, a rename over a file) stay in the "
+                   "store's trash for H hours, restorable from any node with ckptfs trash "
+                   "restore; 0 deletes at once (default 24)")
     m.add_argument("--upload-threads", type=int, default=8)
     m.add_argument("--uploads-while-writing", type=int, default=None, metavar="N",
                    help="uploads that may run while a save streams in; the rest wait until "
@@ -904,6 +920,9 @@ def parser() -> argparse.ArgumentParser:
     y.set_defaults(func=cmd_sync)
     add_store_tools(sub)
     add_prune_parser(sub)
+    from .cli_trash import add_trash_parser  # it imports this module's helpers
+
+    add_trash_parser(sub)
     return p
 
 

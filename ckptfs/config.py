@@ -47,6 +47,13 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def trash_seconds(hours: float) -> float:
+    """--trash-hours in seconds; ConfigError unless it is 0 (no trash) or more."""
+    if not 0 <= hours < float("inf"):
+        raise ConfigError(f"--trash-hours must be 0 (no trash) or more hours, not {hours:g}")
+    return hours * 3600.0
+
+
 def default_cache_dir(store_url: str) -> str:
     """A per-user, per-store cache directory: $XDG_CACHE_HOME/ckptfs/<store hash>."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -78,6 +85,7 @@ class MountConfig:
     debug: bool = False
     node_id: str = ""
     storage_class: str | None = None  # S3 storage class of chunk objects
+    trash_hours: float = 24.0  # deleted manifests stay in trash/ this long (0: no trash)
 
     def __post_init__(self) -> None:
         if not self.node_id:
@@ -87,6 +95,7 @@ class MountConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
             raise ConfigError("--uploads-while-writing must be at least 0")
+        trash_seconds(self.trash_hours)
         if self.storage_class is not None:
             self.storage_class = self.storage_class.upper()
             if self.storage_class not in STORAGE_CLASSES:

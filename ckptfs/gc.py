@@ -5,7 +5,10 @@ One run (`collect`):
 
 0. T = the store's clock: the mtime of a probe object it PUTs (then deletes). Every age is
    a difference of two store times; the clock of the node running gc is never read.
-1. References: every chunk named by a manifest under the reference prefixes, from two
+   Trash entries whose time is up at T (their store time + their batch's keep) are
+   deleted (trash.py).
+1. References: every chunk named by a manifest under the reference prefixes (files/,
+   then trash/), from two
    listings one after the other (pass B re-reads only manifests that are new or were
    replaced since pass A), so that a file renamed during the listing is seen once.
 2. Sweep: each fossil (fossils/<h:2>/<h>) that is referenced is restored to chunks/; one
@@ -26,17 +29,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
-from . import inspection, manifests
+from . import inspection, manifests, trash
 from .crashpoints import crash_point
 from .errors import CkptfsError, ConfigError, FormatError, NotFoundError
-from .manifests import CHUNKS, FILES, FOSSILS, GC, Manifest
+from .manifests import CHUNKS, FILES, FOSSILS, GC, TRASH, Manifest
 from .retry import retrying
 from .store.base import RESTAMP_AFTER, ObjectInfo, Store
 
 log = logging.getLogger(__name__)
 
-#: the prefixes whose objects (except directory markers) are manifests naming chunks
-REFERENCE_PREFIXES: tuple[str, ...] = (FILES,)
+#: the prefixes whose objects (except directory markers) are manifests naming chunks: the
+#: files, then the trash (a delete copies a manifest to the trash before it deletes it)
+REFERENCE_PREFIXES: tuple[str, ...] = (FILES, TRASH)
 #: listings of the reference prefixes, each started after the previous one was read
 LISTING_PASSES = 2
 #: --grace by default
@@ -82,8 +86,10 @@ class GcReport:
     store_time: float = 0.0   # T, by the store's clock
     cutoff: float = 0.0       # T - grace: objects written at or before it are old enough
     phase: str = "clock"
+    trash_expired: Tally = field(default_factory=Tally)  # trash entries whose time was up
     manifests: Tally = field(default_factory=Tally)  # read (bytes: of the manifests)
     manifests_reread: int = 0  # of those, read by pass B: new or replaced since pass A
+    trash_manifests: int = 0   # of those, in the trash
     referenced: int = 0       # distinct chunk names the manifests give
     fossils: Tally = field(default_factory=Tally)       # fossils scanned
     restored: Tally = field(default_factory=Tally)      # referenced fossils back in chunks/
@@ -147,6 +153,10 @@ def collect(store: Store, grace: float = DEFAULT_GRACE, *, dry_run: bool = False
     progress(report, None)
     if not dry_run:
         _delete_scratch(store, report)
+    report.phase = "trash"
+    for info in trash.expire(store, report.store_time, dry_run):
+        report.trash_expired.add(info.size)
+    crash_point("gc_trash_expired")
     refs = read_references(store, report, prefixes, progress)
     crash_point("gc_references_read")
     sweep(store, refs, report, progress)
@@ -215,8 +225,11 @@ def read_references(store: Store, report: GcReport, prefixes: tuple[str, ...],
         def listed() -> Iterator[ObjectInfo]:
             for prefix in prefixes:
                 for info in store.scan(prefix):
-                    if not info.key.endswith("/") and read.get(info.key) != info.token:
-                        yield info  # a manifest (markers end in '/') not read as it is
+                    if info.key.endswith("/") or read.get(info.key) == info.token:
+                        continue  # a marker (its key ends in '/'), or read as it is
+                    if prefix == TRASH and trash.is_expired(info, report.store_time):
+                        continue  # its time is up (left by a dry run): not a reference
+                    yield info
 
         for info, blob in inspection.parallel_map(fetch, listed()):
             if blob is None:
@@ -229,6 +242,7 @@ def read_references(store: Store, report: GcReport, prefixes: tuple[str, ...],
                               f"(repair or delete the manifest, then run gc again)") from None
             read[info.key] = info.token
             report.manifests.add(len(blob))
+            report.trash_manifests += info.key.startswith(TRASH)
             if n > 0:
                 report.manifests_reread += 1
             for h, _ in m.chunks:

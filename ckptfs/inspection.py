@@ -175,6 +175,7 @@ class FsckReport:
     fossils: int = 0              # chunks set aside by gc (fossils/): not an error
     fossil_bytes: int = 0
     referenced_fossils: int = 0   # of those, named by a manifest: readable, gc restores them
+    trash_files: int = 0          # manifests in the trash (their chunks are not garbage)
     problems: list[Problem] = field(default_factory=list)       # missing/corrupt/unreadable
     corrupt_garbage: list[tuple[str, str]] = field(default_factory=list)  # (hash, why)
     intents: list[Intent] = field(default_factory=list)         # warnings
@@ -195,6 +196,7 @@ class FsckReport:
             "stored_bytes": self.stored_bytes, "garbage_chunks": self.garbage_chunks,
             "garbage_bytes": self.garbage_bytes, "fossils": self.fossils,
             "fossil_bytes": self.fossil_bytes, "referenced_fossils": self.referenced_fossils,
+            "trash_files": self.trash_files,
             "problems": [p.to_dict() for p in self.problems],
             "corrupt_garbage": [{"chunk": h, "detail": why} for h, why in self.corrupt_garbage],
             "intents": [{"key": i.key, "src": i.src, "dst": i.dst, "writer": i.writer}
@@ -457,6 +459,19 @@ def fsck(store: Store, deep: bool = False) -> FsckReport:
             report.file_bytes += m.size
             referenced.update(h for h, _ in m.chunks)
     report.chunks_referenced = len(referenced)
+    # the trash's manifests keep their chunks (gc counts them) until they expire
+    def trashed(key: str) -> Manifest | None:
+        try:
+            return Manifest.from_json(store.get(key))
+        except (NotFoundError, FormatError):
+            return None  # emptied meanwhile; or unreadable, which restore reports
+
+    in_trash = (k for k, _ in store.list(manifests.TRASH, delimiter=None).objects
+                if not k.endswith("/"))
+    for _, m in parallel_map(trashed, in_trash):
+        if m is not None:
+            report.trash_files += 1
+            referenced.update(h for h, _ in m.chunks)
 
     stored: dict[str, int] = {}
     for key, size in store.list(manifests.CHUNKS, delimiter=None).objects:

@@ -22,6 +22,7 @@ CHUNKS = "chunks/"
 INTENTS = "intents/"  # directory renames in progress (publisher.roll_forward_intents)
 FOSSILS = "fossils/"  # chunks set aside by `ckptfs gc` (docs/FORMAT.md, "Garbage collection")
 GC = "gc/"  # scratch objects of gc runs (its clock probe)
+TRASH = "trash/"  # deleted manifests and markers, kept for a while (trash.py)
 #: seconds a writer trusts that a chunk is in the store after it last saw it there (its
 #: PUT, or a HEAD that found it); after that, a new manifest may name the chunk only once
 #: a HEAD has found it again (or it was uploaded again). gc's safe minimum grace rests on

@@ -31,7 +31,7 @@ import trio
 from . import __version__, manifests, mounts
 from .cache import LocalCache
 from .chunking import DEFAULT_CHUNK_SIZE, FixedChunker
-from .config import MountConfig, default_cache_dir
+from .config import MountConfig, default_cache_dir, trash_seconds
 from .control import ControlServer
 from .crashpoints import crash_point
 from .errors import ConfigError, NotFoundError, StoreError
@@ -259,7 +259,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                             cfg.uploads_while_writing)
         fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
         publisher = Publisher(p.store, p.journal, journal_limiter,
-                              f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache)
+                              f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache,
+                              trash_keep=trash_seconds(cfg.trash_hours))
         meta_limiter = trio.CapacityLimiter(16)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
         sock_path = control_socket_path(cfg.cache_dir)

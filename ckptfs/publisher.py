@@ -39,7 +39,7 @@ from typing import Any
 
 import trio
 
-from . import codec, manifests
+from . import codec, manifests, trash
 from .cache import LocalCache, pread_scratch
 from .crashpoints import crash_point
 from .errors import (
@@ -89,9 +89,10 @@ class Publisher:
 
     def __init__(self, store: Store, journal: Journal,
                  journal_limiter: trio.CapacityLimiter, node_id: str = "",
-                 cache: LocalCache | None = None) -> None:
+                 cache: LocalCache | None = None, trash_keep: float = 0.0) -> None:
         self.store: Store = RetryingStore(store)  # type: ignore[assignment]
         self.node_id = node_id or "node"
+        self.trash_keep = trash_keep  # seconds deleted manifests stay in trash/ (0: none)
         self.journal = journal
         self.cache = cache  # where the staging files of put_file ops are (None: nowhere)
         self.journal_limiter = journal_limiter
@@ -329,6 +330,8 @@ class Publisher:
         if batch[0].kind in DELETES:
             keys = [manifests.file_key(op.path) if op.kind == "delete_file"
                     else manifests.dir_key(op.path) for op in batch]
+            if self.trash_keep:  # entries before their directory's marker, as rm -rf does
+                trash.keep_all(self.store, keys, self._trash_batch(batch[0]))
             self.store.delete_many(keys)
             return
         op = batch[0]
@@ -338,7 +341,7 @@ class Publisher:
             self.store.put(manifests.dir_key(op.path), op.body or b"")
         elif op.kind == "rename_file":
             assert op.path2 is not None
-            self._rename_file(op.path, op.path2)
+            self._rename_file(op.path, op.path2, op)
         elif op.kind == "rename_dir":
             assert op.path2 is not None
             intent = f"{manifests.INTENTS}{self.node_id}-{op.seq}.json"
@@ -355,7 +358,16 @@ class Publisher:
         else:
             log.error("unknown op kind %r in journal, skipped", op.kind)
 
-    def _rename_file(self, src: str, dst: str) -> None:
+    def _trash_batch(self, op: Op) -> str:
+        """The trash batch of the ops applied with `op` first: the same on a replay."""
+        return trash.batch_id(self.trash_keep, op.seq, self.node_id, op.journaled_at)
+
+    def _rename_file(self, src: str, dst: str, op: Op | None = None) -> None:
+        if op is not None and self.trash_keep and (
+                self.store.head(manifests.file_key(src)) is not None):
+            # the file it replaces, if any, goes to the trash (not on a replay after the
+            # rename was done: the source is gone then, and dst holds the renamed file)
+            trash.keep(self.store, manifests.file_key(dst), self._trash_batch(op))
         try:
             self.store.copy(manifests.file_key(src), manifests.file_key(dst))
         except NotFoundError:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from . import manifests
+from . import manifests, trash
 from .errors import FormatError, NoEntry, NotFoundError
 from .inspection import (
     NUMBER,
@@ -199,10 +199,11 @@ def _deletion_order(keys: Iterable[str]) -> list[list[str]]:
     return [sorted(by_depth[d], reverse=True) for d in sorted(by_depth, reverse=True)]
 
 
-def remove_tree(store: Store, path: str) -> int:
+def remove_tree(store: Store, path: str, batch: str | None = None) -> int:
     """Delete every manifest and marker under directory `path` and its own marker, entries
-    before their directory's marker, in batches; the chunks stay (gc frees them). Returns
-    how many keys were deleted."""
+    before their directory's marker, in batches; the chunks stay (gc frees them). With a
+    trash `batch`, each key is first copied to the trash. Returns how many keys were
+    deleted."""
     prefix = manifests.dir_prefix(manifests.check_path(path))
     keys = [k for k, _ in store.list(prefix, delimiter=None).objects]
     # the markers of directories that have none are deleted too (absent keys are
@@ -210,6 +211,8 @@ def remove_tree(store: Store, path: str) -> int:
     # is deleted, and list it as a common prefix meanwhile
     implicit = {prefix} | {k[:i + 1] for k in keys
                            for i in range(len(prefix), len(k) - 1) if k[i] == "/"}
+    if batch is not None:
+        trash.keep_all(store, sorted(set(keys) | {prefix}), batch)
     for group in _deletion_order(set(keys) | implicit):
         for i in range(0, len(group), DELETE_BATCH):
             store.delete_many(group[i:i + DELETE_BATCH])
@@ -217,8 +220,11 @@ def remove_tree(store: Store, path: str) -> int:
 
 
 def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = None,
-          pattern: str = "*", dry_run: bool = False, deep: bool = False) -> PruneResult:
-    """plan(), then remove the checkpoints it does not keep (unless `dry_run`).
+          pattern: str = "*", dry_run: bool = False, deep: bool = False,
+          trash_keep: float = 0.0, node: str = "") -> PruneResult:
+    """plan(), then remove the checkpoints it does not keep (unless `dry_run`): into the
+    trash for `trash_keep` seconds (one batch per directory, named after `node`), or for
+    good when it is 0.
 
     The intents are read again just before the removals: a directory that a rename
     started meanwhile is kept.
@@ -238,8 +244,10 @@ def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = 
                 x = touching[0]
                 cp.kept_for(RENAMING, f"a directory rename {x.src or '?'} -> "
                                       f"{x.dst or '?'} by node {x.writer} started ({x.key})")
-    for cp in result.removed:
-        cp.keys = remove_tree(store, cp.path)
+    for i, cp in enumerate(result.removed):
+        batch = (trash.batch_id(trash_keep, i, node or trash.this_node())
+                 if trash_keep else None)
+        cp.keys = remove_tree(store, cp.path, batch)
         result.deleted_keys += cp.keys
         log.info("pruned %s (%d manifests and markers)", cp.path, cp.keys)
     return result

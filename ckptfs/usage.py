@@ -15,7 +15,8 @@ One run:
 3. Sums: a directory's unique bytes are the stored sizes of the chunks that it alone
    names (what deleting it would let gc free); PATH's are those named by nothing
    outside PATH; unreferenced bytes are the chunk objects and fossils that no manifest
-   names (what gc frees once they are older than its grace).
+   names (what gc frees once they are older than its grace). The trash's manifests
+   name chunks as files outside PATH do: gc keeps those until the trash time is up.
 
 The numbers are a snapshot: files published while it runs may or may not be counted.
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from . import inspection, manifests
 from .errors import FormatError, NoEntry
 from .gc import Tally, reader_of
-from .manifests import CHUNKS, FILES, FOSSILS, Manifest
+from .manifests import CHUNKS, FILES, FOSSILS, TRASH, Manifest
 from .store.base import ObjectInfo, Store
 
 #: who names a chunk, besides a directory's index (>= 0: that directory alone)
@@ -65,6 +66,7 @@ class UsageReport:
     stored: Tally = field(default_factory=Tally)        # every chunk object, fossils included
     fossils: Tally = field(default_factory=Tally)       # of those, under fossils/
     unreferenced: Tally = field(default_factory=Tally)  # named by no manifest: gc frees them
+    trash: Tally = field(default_factory=Tally)  # files in the trash, their logical bytes
     missing: int = 0          # chunks a manifest names, found in neither chunks/ nor fossils/
     unreadable: list[str] = field(default_factory=list)  # manifests that cannot be parsed
 
@@ -75,6 +77,7 @@ class UsageReport:
                 "fossils": self.fossils.count, "fossil_bytes": self.fossils.bytes,
                 "unreferenced_chunks": self.unreferenced.count,
                 "unreferenced_bytes": self.unreferenced.bytes,
+                "trash_files": self.trash.count, "trash_logical_bytes": self.trash.bytes,
                 "missing_chunks": self.missing, "unreadable_manifests": self.unreadable}
 
 
@@ -171,6 +174,11 @@ def du(store: Store, path: str = "") -> UsageReport:
     rest = (i for i in store.scan(FILES) if not in_a_directory(i.key))
     for key, m in _manifests(store, rest, report):
         account(m, top if key.startswith(prefix) else OUTSIDE, None, None)
+    # the trash keeps its files' chunks until their time is up, as files outside PATH do
+    for _, m in _manifests(store, store.scan(TRASH), report):
+        account(m, OUTSIDE, None, None)
+        if not m.is_symlink:
+            report.trash.add(m.size)
 
     for name, state in states.items():
         size = sizes.get(name)

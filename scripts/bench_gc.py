@@ -4,9 +4,9 @@ fossils), after its second (fossils freed), against what the kept checkpoints ne
 
 The scenario of the gc issue: a training run saves a torch checkpoint (model with a
 frozen part, trained layers, Adam state) SAVES times into step-N/ on a mount of a
-local-directory store, and keeps the last KEEP with `rm -rf` of the oldest. Then
-`ckptfs gc --grace 0 --no-writers` twice (nothing writes meanwhile: the mount is
-unmounted). Needs FUSE; run as a user who can mount.
+local-directory store, and keeps the last KEEP with `rm -rf` of the oldest (which puts
+them in the trash). Then `ckptfs trash empty` and `ckptfs gc --grace 0 --no-writers`
+twice (nothing writes meanwhile: the mount is unmounted). Needs FUSE; run as a user who can mount.
 
     .venv/bin/python scripts/bench_gc.py                   # 12 saves of 64 MiB, keep 3
     .venv/bin/python scripts/bench_gc.py --mib 512 --saves 20 --keep 5
@@ -110,6 +110,7 @@ def main() -> None:
         ckptfs("umount", str(mnt))
     store = LocalStore(store_dir)
     rows = [("after the rotation", *usage(store)[:2])]
+    ckptfs("trash", "empty", str(store_dir))  # the deleted checkpoints: gone for good
     for n, what in ((1, "set aside"), (2, "freed")):
         start = time.monotonic()
         ckptfs("gc", str(store_dir), "--grace", "0", "--no-writers")

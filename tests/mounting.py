@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,17 @@ def become_subreaper() -> bool:
     then be read (Mount.exited). False where the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)
     return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+class MountedStore:
+    """A store URL plus the CLI options to reach it, and a way to count its chunks (the
+    `store` fixture of tests/fuse)."""
+
+    def __init__(self, url: str, extra: list[str], count_chunks: Callable[[], int]) -> None:
+        self.url = url
+        self.extra = extra
+        self.count_chunks = count_chunks  # () -> number of chunk objects
+
+    def node(self, nodes: Nodes, root: Path, name: str, *more: str) -> Mount:
+        """A node mounting this store (`nodes.mount`)."""
+        return nodes.mount(self.url, root, name, *self.extra, *more)

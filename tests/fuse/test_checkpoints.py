@@ -8,87 +8,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from faultproxy import FaultProxy, is_chunk
-from mounting import Mount, Nodes, run_cli
-from seaweed import SeaweedServer
+from mounting import MountedStore, Nodes, run_cli
 from support import max_overlap, random_bytes, wait_until
-
-
-class StoreUnderTest:
-    """A store URL plus the CLI options to reach it, and a way to count its chunks."""
-
-    def __init__(self, url: str, extra: list[str], count_chunks: Callable[[], int]) -> None:
-        self.url = url
-        self.extra = extra
-        self.count_chunks = count_chunks  # () -> number of chunk objects
-
-    def node(self, nodes: Nodes, root: Path, name: str, *more: str) -> Mount:
-        """A node mounting this store (`nodes.mount`)."""
-        return nodes.mount(self.url, root, name, *self.extra, *more)
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreUnderTest:
-    if request.param == "local":
-        root = tmp_path / "store"
-        root.mkdir()
-        return StoreUnderTest(str(root), [], lambda: sum(
-            1 for p in (root / "chunks").rglob("*") if p.is_file()))
-    seaweed: SeaweedServer = request.getfixturevalue("seaweed")
-    bucket = seaweed.new_bucket()
-    prefix = f"run-{uuid.uuid4().hex[:6]}"
-    client = seaweed.client()
-
-    def count() -> int:
-        pages = client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=f"{prefix}/chunks/")
-        return sum(len(p.get("Contents", [])) for p in pages)
-
-    return StoreUnderTest(f"s3://{bucket}/{prefix}", ["--endpoint-url", seaweed.endpoint], count)
-
-
-
-
-
-def training_state(megabytes: int = 200) -> dict[str, object]:
-    """Model weights + Adam moments (~3x the weights) + scheduler, RNG and step."""
-    torch.manual_seed(1234)
-    n_layers = max(1, megabytes * 2**20 // (3 * 4 * 1024 * 1024))
-    model = {f"layer{i}.weight": torch.randn(1024, 1024) for i in range(n_layers)}
-    model["layer0.bias"] = torch.zeros(1024)
-    model["embed"] = torch.randn(4096, 128).to(torch.bfloat16)
-    optim = {"state": {i: {"step": torch.tensor(500.0), "exp_avg": torch.randn_like(t.float()),
-                           "exp_avg_sq": torch.rand_like(t.float())}
-                       for i, t in enumerate(model.values())},
-             "param_groups": [{"lr": 1e-4, "params": list(range(len(model)))}]}
-    return {"model": model, "optimizer": optim, "scheduler": {"last_epoch": 500},
-            "rng": torch.get_rng_state(), "step": 500}
-
-
-def assert_same(a: object, b: object, where: str = "state") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        assert torch.equal(a, b), f"tensor differs at {where}"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
+from training import assert_same, training_state
 
 
 def test_torch_checkpoint_survives_remount_on_another_node(
-        store: StoreUnderTest, nodes: Nodes, tmp_path: Path) -> None:
+        store: MountedStore, nodes: Nodes, tmp_path: Path) -> None:
     state = training_state(200)
     a = store.node(nodes, tmp_path, "a")
     (a / "step-1000").mkdir()
@@ -107,7 +38,7 @@ def test_torch_checkpoint_survives_remount_on_another_node(
 
 
 def test_cold_open_prefetches_the_whole_file_in_parallel(
-        store: StoreUnderTest, nodes: Nodes, tmp_path: Path,
+        store: MountedStore, nodes: Nodes, tmp_path: Path,
         request: pytest.FixtureRequest) -> None:
     """A fresh node reads only the end of a 24-chunk file (as torch.load reads the zip
     directory first): the rest of the file is fetched without being asked. On S3, where
@@ -137,7 +68,7 @@ def test_cold_open_prefetches_the_whole_file_in_parallel(
         assert max_overlap(gets) >= 4, gets  # in parallel
 
 
-def test_safetensors_roundtrip(store: StoreUnderTest, nodes: Nodes, tmp_path: Path) -> None:
+def test_safetensors_roundtrip(store: MountedStore, nodes: Nodes, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     torch.manual_seed(7)
@@ -152,7 +83,7 @@ def test_safetensors_roundtrip(store: StoreUnderTest, nodes: Nodes, tmp_path: Pa
 
 
 def test_copy_of_a_stored_checkpoint_uploads_no_new_chunk(
-        store: StoreUnderTest, nodes: Nodes, tmp_path: Path) -> None:
+        store: MountedStore, nodes: Nodes, tmp_path: Path) -> None:
     """A fresh node copies a stored checkpoint and saves the same state again under another
     name: once both are in the store (sync), the node has uploaded nothing, it counts both
     files' bytes as deduplicated, and the store holds no new chunk."""

@@ -1011,7 +1011,7 @@ def try_call(fn: Callable[[], object]) -> object:
 
 def cli_error(fn: Callable[[], object]) -> object:
     """The message of the CliError that `fn` raises (or what it returned)."""
-    from ckptfs.cli import CliError
+    from ckptfs.errors import CliError
 
     try:
         return ["returned", fn()]

@@ -4,6 +4,7 @@ same numbers for torch checkpoints of any size)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -54,6 +55,12 @@ def test_rotation_then_gc_leaves_only_what_the_kept_checkpoints_need(
     trainer.umount()
     kept = [f"step-{s}" for s in range(SAVES - KEEP + 1, SAVES + 1)]
     assert store.list("files/").prefixes == sorted(f"files/{k}/" for k in kept)
+    # the deleted checkpoints are in the trash (24 h by default): gc keeps their chunks
+    r = run_cli("gc", str(store_dir), "--grace", "0", "--no-writers", "--json")
+    assert json.loads(r.stdout)["fossilized"]["count"] == 0, r.stdout
+    r = run_cli("trash", "empty", str(store_dir))
+    # 3 files and a marker (mkdir made one) per checkpoint removed
+    assert r.stdout.startswith(f"deleted {(SAVES - KEEP) * 4} trash entries"), r.stdout
     before, needed = chunk_bytes(store)
     assert before > 3 * needed  # nine saves' trained bytes are garbage
 

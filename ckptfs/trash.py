@@ -1,0 +1,314 @@
+"""The trash: the manifests and directory markers that deletes set aside under trash/ for a
+while, so that a delete, an `rm -rf` too, can be undone from any node (`ckptfs trash`).
+
+A delete through a mount (unlink, rmdir, a rename over an existing file) and `ckptfs prune`
+first copy each manifest or marker to `trash/<batch>/<path>` and then delete it; the
+batch names when, on which node and for how long (docs/FORMAT.md, "Trash"). Nothing
+reads the trash but this module and gc, which counts its manifests as references until
+they expire (store time of the trash object + the batch's keep) and then deletes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from . import inspection, manifests
+from .config import format_duration, parse_duration
+from .errors import ConfigError, FormatError, KeyTooLongError, NoEntry, NotFoundError
+from .manifests import FILES, TRASH, Manifest
+from .store.base import ObjectInfo, Store
+
+log = logging.getLogger(__name__)
+
+#: --trash-hours by default, in seconds
+DEFAULT_KEEP = 24 * 3600.0
+#: copies to the trash of one batch of deletes at a time
+TRASH_THREADS = 16
+#: keys per delete_many call (S3's DeleteObjects takes at most 1000)
+DELETE_BATCH = 1000
+#: a batch: <UTC time>-<keep>-<sequence>-<node>, e.g. 20261201T053300Z-24h-41-gpu-node-07
+BATCH = re.compile(r"(\d{8}T\d{6}Z)-(\d+(?:\.\d+)?[smhd])-(\d+)-(.+)")
+
+
+def batch_id(keep: float, seq: int, node: str, when: float | None = None) -> str:
+    """The name of one batch of deletes: `when` (Unix seconds, the deleting node's clock:
+    informational), how long its entries are kept, a sequence number, the node."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if when is None else when))
+    return f"{stamp}-{format_duration(keep)}-{seq}-{node.replace('/', '_') or 'node'}"
+
+
+def trash_key(batch: str, key: str) -> str:
+    """Where the manifest or marker `key` (under files/) goes in the trash."""
+    assert key.startswith(FILES) and key != FILES, key
+    return f"{TRASH}{batch}/{key[len(FILES):]}"
+
+
+def _copy(store: Store, src: str, dst: str) -> None:
+    """Copy a manifest, or a marker (read and written again: SeaweedFS cannot copy the
+    marker of a directory that has entries). NotFoundError if `src` is absent."""
+    if src.endswith("/"):
+        store.put(dst, store.get(src))
+    else:
+        store.copy(src, dst)
+
+
+def keep(store: Store, key: str, batch: str) -> bool:
+    """Copy the manifest or marker `key` to the trash before it is deleted; True if copied.
+
+    A directory without a marker gets an empty one, so that its deletion is on record. A
+    key too long for the store once it is under the trash is not kept (logged): the
+    delete still goes ahead."""
+    dst = trash_key(batch, key)
+    try:
+        _copy(store, key, dst)
+        return True
+    except NotFoundError:
+        # never published, or deleted already (a replay: then it is kept already)
+        if key.endswith("/") and store.head(dst) is None:
+            store.put(dst, b"")
+        return False
+    except KeyTooLongError as e:
+        log.warning("not kept in the trash (%s): %s", e, manifests.path_of_key(key))
+        return False
+
+
+def keep_all(store: Store, keys: Iterable[str], batch: str) -> None:
+    """keep() each key, TRASH_THREADS at a time."""
+    keys = list(keys)
+    if len(keys) == 1:
+        keep(store, keys[0], batch)
+        return
+    with ThreadPoolExecutor(TRASH_THREADS, thread_name_prefix="ckptfs-trash") as pool:
+        list(pool.map(lambda k: keep(store, k, batch), keys))
+
+
+# ---------------------------------------------------------------------------- reading
+@dataclass
+class Entry:
+    """One manifest or marker in the trash."""
+
+    key: str            # trash/<batch>/<path>, with a trailing '/' for a directory
+    batch: str
+    path: str           # where it was, relative to the filesystem root
+    is_dir: bool
+    deleted: float      # store time of the trash object: when it was set aside
+    keep: float         # seconds it is kept from then (inf: a batch name not understood)
+    node: str
+    size: int = 0       # a file's size (read_sizes), 0 for a directory
+    symlink: bool = False
+
+    @property
+    def expires(self) -> float:
+        return self.deleted + self.keep
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "dir": self.is_dir, "key": self.key,
+                "deleted": self.deleted, "expires": None if math.isinf(self.keep)
+                else self.expires, "node": self.node, "size": self.size}
+
+
+def parse(info: ObjectInfo) -> Entry | None:
+    """The entry of a listed trash object; None for a key outside the layout."""
+    batch, _, rest = info.key[len(TRASH):].partition("/")
+    path = rest.rstrip("/")
+    try:
+        manifests.check_path(path)
+    except ConfigError:
+        return None
+    if not path:
+        return None
+    m = BATCH.fullmatch(batch)
+    kept, node = (parse_duration(m.group(2)), m.group(4)) if m else (math.inf, "?")
+    return Entry(info.key, batch, path, rest.endswith("/"), info.mtime, kept, node)
+
+
+def is_expired(info: ObjectInfo, now: float) -> bool:
+    """Whether a trash object's time is up at store time `now` (gc deletes it then)."""
+    entry = parse(info)
+    return entry is not None and entry.expires <= now
+
+
+def _under(path: str, root: str) -> bool:
+    return not root or path == root or path.startswith(root + "/")
+
+
+def entries(store: Store, path: str = "") -> list[Entry]:
+    """Every trash entry at or under `path` ("" for all), oldest deletion first."""
+    found = [e for e in (parse(i) for i in store.scan(TRASH))
+             if e is not None and _under(e.path, path)]
+    found.sort(key=lambda e: (e.deleted, e.key))
+    return found
+
+
+def read_sizes(store: Store, found: list[Entry]) -> None:
+    """Fill in the size of each file entry from its manifest (16 GETs at a time)."""
+    def size(e: Entry) -> tuple[int, bool]:
+        try:
+            m = Manifest.from_json(store.get(e.key))
+        except (NotFoundError, FormatError):
+            return 0, False
+        return (0 if m.is_symlink else m.size), m.is_symlink
+    for e, (n, link) in inspection.parallel_map(size, [e for e in found if not e.is_dir]):
+        e.size, e.symlink = n, link
+
+
+# ---------------------------------------------------------------------------- ls
+@dataclass
+class Item:
+    """What `trash ls` shows on one line: a deleted file, or a deleted directory with the
+    entries that went with it (deleted before it, as `rm -rf` does, or in its batch)."""
+
+    head: Entry
+    members: list[Entry] = field(default_factory=list)  # the head included
+
+    @property
+    def files(self) -> int:
+        return sum(not e.is_dir for e in self.members)
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.size for e in self.members)
+
+    def to_dict(self) -> dict[str, object]:
+        return {**self.head.to_dict(), "files": self.files, "bytes": self.bytes}
+
+
+def items(found: list[Entry]) -> list[Item]:
+    """Group entries as `trash ls` shows them, newest deletion first: each entry goes with
+    the outermost deleted directory above it that was deleted at or after it (or in the
+    same batch), choosing that directory's earliest such deletion."""
+    dirs: dict[str, list[Entry]] = {}
+    for e in found:  # oldest first
+        if e.is_dir:
+            dirs.setdefault(e.path, []).append(e)
+    groups: dict[str, Item] = {}
+    for e in found:
+        head = e
+        parts = e.path.split("/")
+        for i in range(1, len(parts) + 1):
+            for d in dirs.get("/".join(parts[:i]), ()):
+                if d is e or d.batch == e.batch or d.deleted >= e.deleted:
+                    head = d
+                    break
+            if head is not e:
+                break
+        groups.setdefault(head.key, Item(head)).members.append(e)
+    return sorted(groups.values(), key=lambda it: (it.head.deleted, it.head.key), reverse=True)
+
+
+# ---------------------------------------------------------------------------- restore
+@dataclass
+class Restored:
+    """restore(): what came back, and what was left in the trash and why."""
+
+    path: str
+    to: str
+    dry_run: bool = False
+    restored: list[Entry] = field(default_factory=list)
+    skipped: list[tuple[Entry, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "to": self.to, "dry_run": self.dry_run,
+                "restored": [e.to_dict() for e in self.restored],
+                "files": sum(not e.is_dir for e in self.restored),
+                "bytes": sum(e.size for e in self.restored),
+                "skipped": [{**e.to_dict(), "why": why} for e, why in self.skipped]}
+
+
+def newest(found: list[Entry]) -> list[Entry]:
+    """The newest deletion of each path (a file and a directory of one name apart)."""
+    latest: dict[tuple[str, bool], Entry] = {}
+    for e in found:  # oldest first: the last one wins
+        latest[(e.path, e.is_dir)] = e
+    return sorted(latest.values(), key=lambda e: e.path)
+
+
+def restore(store: Store, path: str, to: str | None = None, dry_run: bool = False
+            ) -> Restored:
+    """Put back the newest trashed version of `path` and of everything under it, at `to`
+    (default: where it was). A name that exists again is left alone (skipped). Each
+    restored entry is copied back, then deleted from the trash. NoEntry if the trash
+    holds nothing at or under `path`."""
+    path = manifests.check_path(path.strip("/"))
+    to = path if to is None else manifests.check_path(to.strip("/"))
+    chosen = newest(entries(store, path))
+    if not chosen:
+        raise NoEntry(f"nothing at {path or 'the root'} in the trash of {store.url} "
+                      f"(ckptfs trash ls lists it)")
+    read_sizes(store, chosen)
+    result = Restored(path, to, dry_run)
+
+    def one(e: Entry) -> str | None:
+        dest = to + e.path[len(path):] if to else e.path[len(path):].lstrip("/")
+        if not dest:
+            return None  # the root directory: always there
+        key = manifests.dir_key(dest) if e.is_dir else manifests.file_key(dest)
+        store.check_length(key)
+        if e.is_dir:
+            listing = store.list(key, delimiter="/")
+            if store.head(manifests.file_key(dest)) is not None:
+                return f"a file {dest} is there"
+            if store.head(key) is not None or listing.objects or listing.prefixes:
+                return None  # the directory exists again: nothing to put back
+        elif store.head(key) is not None:
+            return f"{dest} exists"
+        elif (store.head(key + "/") is not None
+              or store.list(key + "/", delimiter="/").objects):
+            return f"a directory {dest} is there"
+        if not dry_run:
+            try:
+                _copy(store, e.key, key)
+            except NotFoundError:
+                return "gone from the trash meanwhile (emptied, or expired and collected)"
+            store.delete(e.key)
+        return None
+
+    for e, why in inspection.parallel_map(one, chosen):
+        if why is None:
+            result.restored.append(e)
+        else:
+            result.skipped.append((e, why))
+    result.restored.sort(key=lambda e: e.path)
+    result.skipped.sort(key=lambda s: s[0].path)
+    return result
+
+
+# ---------------------------------------------------------------------------- empty
+def empty(store: Store, path: str = "", dry_run: bool = False) -> list[Entry]:
+    """Delete every trash entry at or under `path` now (gc then frees what only they
+    kept); returns them."""
+    found = entries(store, manifests.check_path(path.strip("/")))
+    read_sizes(store, found)
+    if not dry_run:
+        keys = [e.key for e in found]
+        for i in range(0, len(keys), DELETE_BATCH):
+            store.delete_many(keys[i:i + DELETE_BATCH])
+    return found
+
+
+def expire(store: Store, now: float, dry_run: bool = False) -> Iterator[ObjectInfo]:
+    """Delete (unless `dry_run`) the trash objects whose time is up at store time `now`;
+    yields each one."""
+    doomed: list[ObjectInfo] = []
+    for info in store.scan(TRASH):
+        if is_expired(info, now):
+            doomed.append(info)
+            yield info
+        if len(doomed) == DELETE_BATCH:
+            if not dry_run:
+                store.delete_many([i.key for i in doomed])
+            doomed.clear()
+    if doomed and not dry_run:
+        store.delete_many([i.key for i in doomed])
+
+
+def this_node() -> str:
+    """The node name in the batches of a command run here (prune): the host name."""
+    return socket.gethostname()
