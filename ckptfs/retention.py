@@ -4,7 +4,7 @@ removing the others from the store (manifests and markers; gc frees their chunks
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from . import manifests
@@ -35,6 +35,7 @@ NEWER = "newer"                # newer than the newest complete checkpoint
 NO_COMPLETE = "no-complete"    # there is no complete checkpoint at all: nothing is removed
 RENAMING = "renaming"          # a directory rename in flight touches it
 UNORDERED = "unordered"        # no number, no file and no marker mtime: cannot be ordered
+BUSY = "busy"                  # the caller's `keep` said so (a mount's local changes)
 
 
 @dataclass
@@ -217,11 +218,14 @@ def remove_tree(store: Store, path: str) -> int:
 
 
 def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = None,
-          pattern: str = "*", dry_run: bool = False, deep: bool = False) -> PruneResult:
+          pattern: str = "*", dry_run: bool = False, deep: bool = False,
+          keep: Callable[[str], str | None] | None = None) -> PruneResult:
     """plan(), then remove the checkpoints it does not keep (unless `dry_run`).
 
     The intents are read again just before the removals: a directory that a rename
-    started meanwhile is kept.
+    started meanwhile is kept. So is one for which `keep(path)`, asked just before its
+    removal, returns a sentence (reason BUSY): a mount's own changes not yet in the
+    store (autoprune.py).
     """
     result = plan(store, dir_path, keep_last, keep_every, pattern, deep)
     result.dry_run = dry_run
@@ -239,6 +243,10 @@ def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = 
                 cp.kept_for(RENAMING, f"a directory rename {x.src or '?'} -> "
                                       f"{x.dst or '?'} by node {x.writer} started ({x.key})")
     for cp in result.removed:
+        why = keep(cp.path) if keep is not None else None
+        if why:
+            cp.kept_for(BUSY, why)
+            continue
         cp.keys = remove_tree(store, cp.path)
         result.deleted_keys += cp.keys
         log.info("pruned %s (%d manifests and markers)", cp.path, cp.keys)
