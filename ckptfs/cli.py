@@ -56,7 +56,15 @@ def cmd_mount(a: argparse.Namespace) -> int:
         metadata_ttl=a.metadata_ttl, missing_chunk_timeout=a.missing_chunk_timeout,
         fsync_to_store=a.fsync_to_store, allow_other=a.allow_other,
         foreground=a.foreground, debug=a.debug, node_id=a.node_id or "",
-        storage_class=a.storage_class, trash_hours=a.trash_hours)
+        storage_class=a.storage_class, keep_last=a.keep_last, keep_every=a.keep_every,
+        keep_pattern=a.keep_pattern, trash_hours=a.trash_hours)
+    if cfg.keep_last is not None:
+        from . import retention
+
+        try:
+            retention.check_policy(cfg.keep_last, cfg.keep_every)
+        except retention.PolicyError as e:
+            raise CliError(str(e)) from None
     from . import mount  # imports pyfuse3: only for this command
 
     if cfg.foreground:
@@ -176,6 +184,13 @@ def format_status(st: dict[str, Any]) -> str:
         f"   fetched {human(st['fetched_bytes'])}   open files {st['open_files']}",
         f"state        {state_line(st)}",
     ]
+    ap = st.get("autoprune")
+    if ap:
+        every = f" --keep-every {ap['keep_every']}" if ap["keep_every"] else ""
+        lines.append(f"auto-prune   --keep-last {ap['keep_last']}{every} --keep-pattern "
+                     f"{shlex.quote(ap['pattern'])}: runs {ap['runs']}, removed "
+                     f"{ap['removed']}, errors {ap['errors']}"
+                     + (f" (last: {ap['last_error']})" if ap["last_error"] else ""))
     for e in st["errors"]:
         lines.append(f"error        {e}")
     if st.get("retrying_since"):
@@ -862,7 +877,11 @@ def parser() -> argparse.ArgumentParser:
                        description="Mount STORE (s3://bucket[/prefix], file:///path or a "
                        "directory) on MOUNTPOINT. Returns when the mount is ready; the daemon "
                        "logs to CACHE_DIR/ckptfs.log. Credentials come from the standard AWS "
-                       "chain (environment, ~/.aws).")
+                       "chain (environment, ~/.aws).",
+                       epilog="example: ckptfs mount s3://bucket/run7 /mnt/ckpt --cache-dir "
+                       "/nvme/ckptfs --keep-last 3 --keep-pattern 'checkpoint-*' (after each save "
+                       "into DIR/checkpoint-N, keeps the newest 3 checkpoint-* directories "
+                       "of DIR, and the newest complete one)")
     m.add_argument("store")
     m.add_argument("mountpoint")
     m.add_argument("--cache-dir", help="local write-back cache (default: "
@@ -895,6 +914,18 @@ def parser() -> argparse.ArgumentParser:
                    help="make fsync() wait until the file is in the object store")
     m.add_argument("--allow-other", action="store_true", help="let other users access it")
     m.add_argument("--node-id", help="name of this node in manifests (default: hostname)")
+    m.add_argument("--keep-last", type=int, metavar="N",
+                   help="auto-prune: after this mount writes into a checkpoint directory "
+                   "(one whose name matches --keep-pattern), remove the older ones beside "
+                   "it as `ckptfs prune --keep-last N` does: keep the newest N, and always "
+                   "the newest complete one and all newer. Give it on ONE node of a job, "
+                   "e.g. where NODE_RANK is 0. Needs --keep-pattern")
+    m.add_argument("--keep-every", type=int, metavar="K",
+                   help="auto-prune: also keep every checkpoint whose step, the last number "
+                   "in its name, is a multiple of K")
+    m.add_argument("--keep-pattern", metavar="GLOB",
+                   help="auto-prune: shell pattern of checkpoint directory names, e.g. "
+                   "'checkpoint-*', 'global_step*', 'step-*' (required with --keep-last)")
     m.add_argument("-f", "--foreground", action="store_true", help="do not daemonize; log to "
                    "stderr")
     m.add_argument("--debug", action="store_true", help="debug logging")

@@ -86,6 +86,10 @@ class MountConfig:
     node_id: str = ""
     storage_class: str | None = None  # S3 storage class of chunk objects
     trash_hours: float = 24.0  # deleted manifests stay in trash/ this long (0: no trash)
+    # auto-prune (autoprune.py): off unless keep_last is set; the policy of `ckptfs prune`
+    keep_last: int | None = None  # --keep-last N
+    keep_every: int | None = None  # --keep-every K
+    keep_pattern: str | None = None  # --keep-pattern GLOB: required with keep_last
 
     def __post_init__(self) -> None:
         if not self.node_id:
@@ -96,6 +100,7 @@ class MountConfig:
         if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
             raise ConfigError("--uploads-while-writing must be at least 0")
         trash_seconds(self.trash_hours)
+        self._check_keep()
         if self.storage_class is not None:
             self.storage_class = self.storage_class.upper()
             if self.storage_class not in STORAGE_CLASSES:
@@ -104,3 +109,22 @@ class MountConfig:
                        if archive else "")
                 raise ConfigError(f"--storage-class {self.storage_class} is not usable for "
                                   f"chunks{why}; use one of {', '.join(STORAGE_CLASSES)}")
+
+    def _check_keep(self) -> None:
+        """The auto-prune options go together; the numbers themselves are checked by
+        retention.check_policy (cli, autoprune)."""
+        if self.keep_last is None:
+            given = [o for o, v in (("--keep-every", self.keep_every),
+                                    ("--keep-pattern", self.keep_pattern)) if v is not None]
+            if given:
+                verb = "need" if len(given) > 1 else "needs"
+                raise ConfigError(f"{' and '.join(given)} {verb} --keep-last N (the mount "
+                                  f"prunes only with a --keep-last policy)")
+            return
+        if self.keep_pattern is None:
+            raise ConfigError("--keep-last needs --keep-pattern GLOB on a mount, the names of "
+                              "the checkpoint directories (e.g. 'checkpoint-*'): without it, "
+                              "any directory written into would be pruned")
+        if not self.keep_pattern or "/" in self.keep_pattern:
+            raise ConfigError(f"--keep-pattern {self.keep_pattern!r} must be a pattern of "
+                              f"one directory name (no '/'), e.g. 'checkpoint-*'")

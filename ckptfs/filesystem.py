@@ -185,6 +185,33 @@ class CheckpointFS:
     async def list_root(self) -> None:
         await self.lister.list_root()
 
+    def local_changes(self, path: str) -> str | None:
+        """Why the directory `path` must not be removed from the store behind this mount's
+        back (the auto-prune asks), or None: metadata ops on it, an ancestor or anything
+        below it are not applied yet, or a file below it is being written here."""
+        if self.publisher.pending_under(path):
+            return "this mount has changes under it that are not in the store yet"
+        below = f"{path}/"
+        for node in self.table.open_buffers():
+            if node.path.startswith(below):
+                return f"{node.path} is being written on this mount"
+        return None
+
+    def dir_at(self, path: str) -> DirNode | None:
+        """The directory node at `path` if this mount's tree has it (no store request)."""
+        node: Node | None = self.root
+        for name in path.split("/") if path else ():
+            node = node.children.get(name) if isinstance(node, DirNode) else None
+        return node if isinstance(node, DirNode) and not node.removed else None
+
+    async def refresh_dir(self, path: str) -> None:
+        """List the directory `path` again now, if this mount knows it, whatever the TTL:
+        entries removed from the store (by a prune here) leave the tree and the kernel's
+        cache at once. StoreError/StoreUnavailable if the store cannot be listed."""
+        node = self.dir_at(path)
+        if node is not None:
+            await self.lister.refresh(node, force=True)
+
     async def lookup(self, parent_inode: int, name: str) -> Node:
         parent = self.directory(parent_inode)
         if parent.removed:  # a directory deleted or renamed away on another node

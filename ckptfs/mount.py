@@ -3,8 +3,9 @@
     prepare()  store reachable? format known? cache dir free? journal replayed
     serve()    pyfuse3.init -> trio.run(main) -> pyfuse3.close, in a try/finally
     main()     one nursery: uploader, fetcher, publisher, control socket, signal handler,
-               pyfuse3.main(); when the file system is unmounted (ckptfs umount,
-               fusermount3 -u, SIGTERM), everything closed is flushed to the store first.
+               the auto-prune (with --keep-last), pyfuse3.main(); when the file system is
+               unmounted (ckptfs umount, fusermount3 -u, SIGTERM), everything closed is
+               flushed to the store first, then the prunes still waiting run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyfuse3
 import trio
 
 from . import __version__, manifests, mounts
+from .autoprune import AutoPruner, Policy
 from .cache import LocalCache
 from .chunking import DEFAULT_CHUNK_SIZE, FixedChunker
 from .config import MountConfig, default_cache_dir, trash_seconds
@@ -193,6 +195,11 @@ def prepare(cfg: MountConfig) -> Prepared:
             notices.append(Notice(logging.WARNING, (
                 f"--chunk-size {size_text(cfg.chunk_size)} is ignored: the store at "
                 f"{store.url} exists and has chunk size {size_text(info.chunk_size)}")))
+    if cfg.keep_last == 1:
+        notices.append(Notice(logging.WARNING, (
+            "--keep-last 1: while a save is in progress, the checkpoint being written can "
+            "look complete between two of its files, and the previous one is then removed; "
+            "--keep-last 2 always keeps one checkpoint whose save has ended")))
     if cfg.cache_size < 4 * chunk_size:
         raise ConfigError(f"--cache-size must be at least 4 chunks of this store "
                           f"({4 * chunk_size} bytes)")
@@ -271,6 +278,13 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                               prefetch_whole_file_max=min(2 << 30, cfg.cache_size // 4),
                               fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
                               control_socket=sock_path))
+        autoprune: AutoPruner | None = None
+        if cfg.keep_last is not None:
+            autoprune = AutoPruner(p.store, Policy(cfg.keep_last, cfg.keep_every,
+                                                   cfg.keep_pattern or "*"), fs,
+                                   trash_keep=trash_seconds(cfg.trash_hours),
+                                   node=publisher.node_id)
+            publisher.on_applied = autoprune.notify
         await uploader.resume(p.journal.pending_chunks())
         for problem in fs.problems():  # said at every mount until the file is rewritten
             log.error("%s", problem)
@@ -282,7 +296,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
             st.update(pid=os.getpid(), store=p.store.url, store_arg=cfg.store,
                       endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
                       cache_dir=cfg.cache_dir, version=__version__,
-                      uptime=round(time.time() - started, 1))
+                      uptime=round(time.time() - started, 1),
+                      autoprune=autoprune.statistics() if autoprune is not None else None)
             return st
 
         control = ControlServer(sock_path, status, fs.sync_target, fs.reached,
@@ -296,6 +311,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
             await nursery.start(fetcher.run)
             await nursery.start(publisher.run)
             await nursery.start(control.serve)
+            if autoprune is not None:
+                await nursery.start(autoprune.run)
             nursery.start_soon(_on_signals, cfg.mountpoint, unmounted)
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, tune_readahead,
                                                  cfg.mountpoint))
@@ -311,6 +328,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                 ops_holder["flush_scope"] = flush_scope
                 await fs.publish_leftovers()
                 await fs.wait_all_flushed()
+                if autoprune is not None and fs.flushed():
+                    await autoprune.finish()
             durable = fs.durable()
             for problem in fs.problems():
                 log.error("%s", problem)

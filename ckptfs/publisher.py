@@ -34,6 +34,7 @@ import json
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -108,6 +109,9 @@ class Publisher:
         self.last_error: str | None = None
         self.applied_ops = 0
         self._reported: set[tuple[int, str]] = set()  # (op seq, chunk) recorded as lost
+        #: told of every op once it is in the store (not of an op dropped as undoable):
+        #: the auto-prune's trigger (autoprune.py)
+        self.on_applied: Callable[[Op], None] | None = None
 
     def load(self, ops: list[Op]) -> None:
         """Queue ops found in the journal at startup."""
@@ -153,6 +157,14 @@ class Publisher:
             if not path:
                 return False
             path = path.rpartition("/")[0]
+
+    def pending_under(self, path: str) -> bool:
+        """Whether an unapplied op touches `path`, one of its ancestors, or anything
+        below it (is_pending, and the directory's whole subtree)."""
+        if not self._pending_paths:
+            return False
+        below = f"{path}/" if path else ""
+        return self.is_pending(path) or any(p.startswith(below) for p in self._pending_paths)
 
     @property
     def pending_count(self) -> int:
@@ -207,6 +219,9 @@ class Publisher:
                 self.last_error = f"dropped {batch[0].kind} {batch[0].path!r}: {e}"
                 log.error("metadata op %s %r can never be applied, dropped: %s",
                           batch[0].kind, batch[0].path, e)
+                applied = False
+            else:
+                applied = True
             delays = BACKGROUND.delays()
             crash_point("op_applied")
             try:
@@ -226,6 +241,9 @@ class Publisher:
                 self._hold_staging(op, -1)
             self.applied_ops += len(batch)
             self.healthy = True
+            if applied and self.on_applied is not None:
+                for op in batch:
+                    self.on_applied(op)
             async with self._changed:
                 self._changed.notify_all()
 

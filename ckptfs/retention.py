@@ -4,7 +4,7 @@ removing the others from the store (manifests and markers; gc frees their chunks
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from . import manifests, trash
@@ -35,6 +35,7 @@ NEWER = "newer"                # newer than the newest complete checkpoint
 NO_COMPLETE = "no-complete"    # there is no complete checkpoint at all: nothing is removed
 RENAMING = "renaming"          # a directory rename in flight touches it
 UNORDERED = "unordered"        # no number, no file and no marker mtime: cannot be ordered
+BUSY = "busy"                  # the caller's `keep` said so (a mount's local changes)
 
 
 @dataclass
@@ -221,13 +222,16 @@ def remove_tree(store: Store, path: str, batch: str | None = None) -> int:
 
 def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = None,
           pattern: str = "*", dry_run: bool = False, deep: bool = False,
-          trash_keep: float = 0.0, node: str = "") -> PruneResult:
+          trash_keep: float = 0.0, node: str = "",
+          keep: Callable[[str], str | None] | None = None) -> PruneResult:
     """plan(), then remove the checkpoints it does not keep (unless `dry_run`): into the
     trash for `trash_keep` seconds (one batch per directory, named after `node`), or for
     good when it is 0.
 
     The intents are read again just before the removals: a directory that a rename
-    started meanwhile is kept.
+    started meanwhile is kept. So is one for which `keep(path)`, asked just before its
+    removal, returns a sentence (reason BUSY): a mount's own changes not yet in the
+    store (autoprune.py).
     """
     result = plan(store, dir_path, keep_last, keep_every, pattern, deep)
     result.dry_run = dry_run
@@ -245,9 +249,13 @@ def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = 
                 cp.kept_for(RENAMING, f"a directory rename {x.src or '?'} -> "
                                       f"{x.dst or '?'} by node {x.writer} started ({x.key})")
     for i, cp in enumerate(result.removed):
+        why = keep(cp.path) if keep is not None else None
+        if why:
+            cp.kept_for(BUSY, why)
+            continue
         batch = (trash.batch_id(trash_keep, i, node or trash.this_node())
                  if trash_keep else None)
         cp.keys = remove_tree(store, cp.path, batch)
         result.deleted_keys += cp.keys
-        log.info("pruned %s (%d manifests and markers)", cp.path, cp.keys)
+        log.debug("pruned %s (%d manifests and markers)", cp.path, cp.keys)
     return result

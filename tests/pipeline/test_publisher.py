@@ -233,6 +233,37 @@ def test_publisher_retries_failures(store: RecordingStore, journal: Journal) -> 
     assert seen_unhealthy and "TransientStoreError" in (seen_unhealthy[0] or "")
 
 
+def test_publisher_tells_of_each_op_once_it_is_in_the_store(
+        store: RecordingStore, journal: Journal) -> None:
+    """on_applied (the auto-prune's trigger) hears of every op applied, after its store
+    calls, never of one dropped as undoable; pending_under covers the whole subtree."""
+    seen: list[tuple[str, str, bool]] = []
+
+    def applied(op: Op) -> None:
+        key = file_key(op.path) if op.kind == "put_file" else dir_key(op.path2 or op.path)
+        there = store.inner.head(key) is not None
+        seen.append((op.kind, op.path2 or op.path, there))
+
+    def setup(pub: Publisher) -> None:
+        pub.on_applied = applied
+        enqueue(pub, journal, "put_dir", "run/ck-1", body=b'{"mode": 448}')
+        enqueue(pub, journal, "put_file", "run/ck-1/a", body=b"1")
+        enqueue(pub, journal, "put_file", "run/../bad", body=b"x")  # unsafe: dropped
+        enqueue(pub, journal, "rename_dir", "run/ck-1", "run/ck-2")
+        enqueue(pub, journal, "delete_file", "run/ck-2/a")
+        assert pub.pending_under("run") and pub.pending_under("run/ck-1")
+        assert pub.pending_under("run/ck-1/a/deeper") and pub.pending_under("")
+        assert not pub.pending_under("ru") and not pub.pending_under("other")
+
+    async def body(pub: Publisher) -> None:
+        await wait_until_async(lambda: pub.pending_count == 0, timeout=5.0)
+        assert not pub.pending_under("") and not pub.pending_under("run")
+
+    run(lambda: with_publisher(store, journal, body, setup))
+    assert seen == [("put_dir", "run/ck-1", True), ("put_file", "run/ck-1/a", True),
+                    ("rename_dir", "run/ck-2", True), ("delete_file", "run/ck-2/a", False)]
+
+
 def test_publisher_wait_applied_timeout(store: RecordingStore, journal: Journal) -> None:
     seqs: list[int] = []
 
