@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
+import os
 import re
 import stat
 import time
@@ -23,11 +25,36 @@ INTENTS = "intents/"  # directory renames in progress (publisher.roll_forward_in
 FOSSILS = "fossils/"  # chunks set aside by `ckptfs gc` (docs/FORMAT.md, "Garbage collection")
 GC = "gc/"  # scratch objects of gc runs (its clock probe)
 TRASH = "trash/"  # deleted manifests and markers, kept for a while (trash.py)
+#: the environment variable that shortens CONFIRM_WINDOW: a test-only hook (a mount daemon
+#: is a separate process), not a user option; read once, at import
+CONFIRM_WINDOW_ENV = "CKPTFS_CONFIRM_WINDOW"
+#: CONFIRM_WINDOW when CONFIRM_WINDOW_ENV is not set
+DEFAULT_CONFIRM_WINDOW = 600.0
+
+
+def confirm_window_from(value: str | None) -> float:
+    """The confirmation window a CONFIRM_WINDOW_ENV value asks for (seconds; unset or
+    empty: the default). It can only shorten the window: gc's MIN_SAFE_GRACE rests on
+    the default, and a longer window would make that grace unsafe."""
+    if not value:
+        return DEFAULT_CONFIRM_WINDOW
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= DEFAULT_CONFIRM_WINDOW:
+        raise ValueError(f"{CONFIRM_WINDOW_ENV}={value!r}: want seconds in "
+                         f"(0, {DEFAULT_CONFIRM_WINDOW:g}]")
+    return seconds
+
+
 #: seconds a writer trusts that a chunk is in the store after it last saw it there (its
 #: PUT, or a HEAD that found it); after that, a new manifest may name the chunk only once
 #: a HEAD has found it again (or it was uploaded again). gc's safe minimum grace rests on
-#: it (docs/FORMAT.md, "Garbage collection").
-CONFIRM_WINDOW = 600.0
+#: it (docs/FORMAT.md, "Garbage collection"). Tests shorten it through CONFIRM_WINDOW_ENV
+#: (then gc needs a grace of at least 2 x the window + RESTAMP_AFTER, and --no-writers);
+#: the uploader and the publisher copy it at import.
+CONFIRM_WINDOW = confirm_window_from(os.environ.get(CONFIRM_WINDOW_ENV))
 #: a chunk name as codec.chunk_hash() writes it: xxh3-128 in lowercase hex
 CHUNK_NAME = re.compile(r"[0-9a-f]{32}")
 

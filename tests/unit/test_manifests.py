@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -160,3 +163,28 @@ def test_fossil_keys_and_chunk_names() -> None:
     for key in (manifests.fossil_key(h), f"chunks/6c/{h}", f"chunks/6b/{h}x", "chunks/6b/x",
                 f"chunks/{h}", f"chunks/6b/{h.upper()}"):
         assert manifests.chunk_name(key) is None, key
+
+
+def test_the_confirmation_window_from_the_environment() -> None:
+    """CKPTFS_CONFIRM_WINDOW (a test-only hook) can only shorten the window: gc's
+    MIN_SAFE_GRACE rests on the default."""
+    assert manifests.confirm_window_from(None) == manifests.DEFAULT_CONFIRM_WINDOW == 600
+    assert manifests.confirm_window_from("") == 600
+    assert manifests.confirm_window_from("2.5") == 2.5
+    assert manifests.confirm_window_from("600") == 600
+    for bad in ("0", "-1", "601", "nan", "inf", "5s"):
+        with pytest.raises(ValueError, match="CKPTFS_CONFIRM_WINDOW"):
+            manifests.confirm_window_from(bad)
+
+
+def test_every_user_of_the_confirmation_window_reads_the_environment() -> None:
+    """A mount daemon is another process: the variable reaches the uploader's in_store
+    window and the publisher's late-publish check through manifests, at import."""
+    code = ("from ckptfs import manifests, publisher, uploader, gc\n"
+            "import inspect\n"
+            "default = inspect.signature(uploader.Uploader).parameters['confirm_window']\n"
+            "print(manifests.CONFIRM_WINDOW, publisher.CONFIRM_WINDOW, default.default)\n")
+    env = {**os.environ, manifests.CONFIRM_WINDOW_ENV: "3.5"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["3.5", "3.5", "3.5"]
