@@ -247,34 +247,36 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
 
     def one(e: Entry) -> str | None:
         dest = to + e.path[len(path):] if to else e.path[len(path):].lstrip("/")
-        if not dest:
-            return None  # the root directory: always there
+        if not dest and not e.is_dir:
+            return "a file cannot take the place of the root directory"
         key = manifests.dir_key(dest) if e.is_dir else manifests.file_key(dest)
-        store.check_length(key)
-        if e.is_dir:
-            listing = store.list(key, delimiter="/")
-            if store.head(manifests.file_key(dest)) is not None:
+        if dest:
+            store.check_length(key)
+            if e.is_dir and store.head(manifests.file_key(dest)) is not None:
                 return f"a file {dest} is there"
-            if store.head(key) is not None or listing.objects or listing.prefixes:
-                return None  # the directory exists again: nothing to put back
-        elif store.head(key) is not None:
-            return f"{dest} exists"
-        elif (store.head(key + "/") is not None
-              or store.list(key + "/", delimiter="/").objects):
-            return f"a directory {dest} is there"
-        if not dry_run:
-            try:
+            if not e.is_dir and store.head(key) is not None:
+                return f"{dest} exists"
+            if not e.is_dir and (store.head(key + "/") is not None
+                                 or store.list(key + "/", delimiter="/").objects):
+                return f"a directory {dest} is there"
+        if dry_run:
+            return None
+        try:
+            # a directory that exists again keeps its own marker (mode and mtime)
+            if dest and not (e.is_dir and store.head(key) is not None):
                 _copy(store, e.key, key)
-            except NotFoundError:
-                return "gone from the trash meanwhile (emptied, or expired and collected)"
-            store.delete(e.key)
+        except NotFoundError:
+            return "gone from the trash meanwhile (emptied, or expired and collected)"
+        store.delete(e.key)
         return None
 
-    for e, why in inspection.parallel_map(one, chosen):
-        if why is None:
-            result.restored.append(e)
-        else:
-            result.skipped.append((e, why))
+    # the directories first: their markers are in place before their entries arrive
+    for group in ([e for e in chosen if e.is_dir], [e for e in chosen if not e.is_dir]):
+        for e, why in inspection.parallel_map(one, group):
+            if why is None:
+                result.restored.append(e)
+            else:
+                result.skipped.append((e, why))
     result.restored.sort(key=lambda e: e.path)
     result.skipped.sort(key=lambda s: s[0].path)
     return result

@@ -64,16 +64,17 @@ def names_under(store: Store, path: str) -> set[str]:
             for h, _ in manifests.Manifest.from_json(store.get(k)).chunks}
 
 
-def rm_rf(publisher: Publisher, path: str, seq: int = 10) -> None:
+def rm_rf(publisher: Publisher, path: str, seq: int = 10) -> list[Op]:
     """What `rm -rf path` journals, applied as the publisher applies a batch of deletes:
-    the files, then the directory."""
+    the files, then the directory. Returns the ops (applying them again is a replay)."""
     files = [k[len(FILES):] for k, _ in publisher.store.list(manifests.dir_prefix(path),
                                                              None).objects
              if not k.endswith("/")]
-    ops = [Op(seq + i, "delete_file", p, journaled_at=time.time())
-           for i, p in enumerate(files)]
-    ops.append(Op(seq + len(files), "delete_dir", path, journaled_at=time.time()))
+    now = time.time()
+    ops = [Op(seq + i, "delete_file", p, journaled_at=now) for i, p in enumerate(files)]
+    ops.append(Op(seq + len(files), "delete_dir", path, journaled_at=now))
     publisher._apply_sync(ops)
+    return ops
 
 
 def test_rm_rf_goes_to_the_trash_and_comes_back_byte_for_byte(
@@ -88,14 +89,14 @@ def test_rm_rf_goes_to_the_trash_and_comes_back_byte_for_byte(
     want = files_under(st.store, "run/step-1")
     marker = st.store.get(manifests.dir_key("run/step-1"))
 
-    rm_rf(publisher, "run/step-1")
+    ops = rm_rf(publisher, "run/step-1")
     assert st.store.list(manifests.dir_prefix("run/step-1"), None).objects == []
     keys = trash_keys(st.store)
     batch = keys[0].split("/")[1]
     assert batch.endswith("-1h-10-node-a") and trash.BATCH.fullmatch(batch)
     assert keys == [f"{TRASH}{batch}/run/step-1/{n}" for n in ("", "config.json", "model.pt")]
     before = {k: st.store.get(k) for k in keys}
-    rm_rf(publisher, "run/step-1")  # a replay: the manifests are gone, the trash stays
+    publisher._apply_sync(ops)  # a replay: the manifests are gone, the trash stays
     assert {k: st.store.get(k) for k in trash_keys(st.store)} == before
 
     ls = tjson(st, "ls")
