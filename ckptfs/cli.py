@@ -44,12 +44,28 @@ def human(n: float | None) -> str:
     return str(n)
 
 
+#: --endpoint-url means the endpoint of whatever store the URL names
+ENDPOINT_HELP = ("endpoint of the store the URL names: an S3-compatible server for s3:// "
+                 "(default $AWS_ENDPOINT_URL, else AWS), an Azure blob endpoint for az:// "
+                 "(Azurite, sovereign clouds; default: the connection string's, else "
+                 "https://ACCOUNT.blob.core.windows.net), a GCS endpoint for gs:// (default "
+                 "$STORAGE_EMULATOR_HOST, else Google)")
+TOOL_ENDPOINT_HELP = ENDPOINT_HELP[:-1] + "; or the mount's when TARGET is a mounted path)"
+
+
+def default_endpoint(url: str) -> str | None:
+    """The endpoint the environment names for the store at `url` (store.default_endpoint)."""
+    from .store import default_endpoint as from_env
+
+    return from_env(url)
+
+
 # ---------------------------------------------------------------------------- mount
 def cmd_mount(a: argparse.Namespace) -> int:
     cfg = MountConfig(
         store=a.store, mountpoint=os.path.abspath(a.mountpoint), cache_dir=a.cache_dir or "",
         cache_size=parse_size(a.cache_size, "--cache-size"),
-        endpoint_url=a.endpoint_url or os.environ.get("AWS_ENDPOINT_URL"), region=a.region,
+        endpoint_url=a.endpoint_url or default_endpoint(a.store), region=a.region,
         chunk_size=None if a.chunk_size is None else parse_size(a.chunk_size, "--chunk-size"),
         upload_threads=a.upload_threads, fetch_threads=a.fetch_threads,
         uploads_while_writing=a.uploads_while_writing,
@@ -451,7 +467,7 @@ def open_target(a: argparse.Namespace, path_arg: str | None = None) -> Target:
     from .store import open_store
 
     mounted = mounted_path(a.target)
-    endpoint = a.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+    endpoint = a.endpoint_url or default_endpoint(a.target)
     if mounted is not None:
         if path_arg:
             raise CliError(f"{a.target} is a path in a ckptfs mount; give either a mounted "
@@ -465,7 +481,7 @@ def open_target(a: argparse.Namespace, path_arg: str | None = None) -> Target:
         if "://" not in store_arg and not os.path.isabs(os.path.expanduser(store_arg)):
             store_arg = str(st["store"])  # relative to the daemon's cwd: its file:// URL
         store = open_store(store_arg, endpoint_url=a.endpoint_url or st.get("endpoint_url")
-                           or endpoint, region=getattr(a, "region", None))
+                           or default_endpoint(store_arg), region=getattr(a, "region", None))
         # the mount point as the user spelled it, so printed paths match theirs
         shown = os.path.abspath(a.target)
         if path:
@@ -680,8 +696,7 @@ def add_du_parser(sub: Any) -> None:
     d.add_argument("path", metavar="PATH", nargs="?", default="",
                    help="with STORE: the directory holding the checkpoints (default: root)")
     d.add_argument("--json", action="store_true", help="machine-readable output")
-    d.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
-                   "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+    d.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
     d.add_argument("--region", help="S3 region (default: the AWS config chain)")
     d.set_defaults(func=cmd_du, error_exit=EXIT_ERROR)
 
@@ -859,8 +874,7 @@ def add_prune_parser(sub: Any) -> None:
     pr.add_argument("--deep", action="store_true",
                     help="fetch and re-hash the chunks of the checkpoints checked for "
                     "completeness instead of only checking that they exist")
-    pr.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
-                    "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+    pr.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
     pr.add_argument("--region", help="S3 region (default: the AWS config chain)")
     pr.set_defaults(func=cmd_prune, error_exit=EXIT_ERROR)
 
@@ -869,15 +883,20 @@ def add_prune_parser(sub: Any) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ckptfs", description="A FUSE checkpoint store: writes land in a local cache at "
-        "disk speed and go to object storage (S3 or a directory) in the background.")
+        "disk speed and go to object storage (S3, Azure Blob, GCS or a directory) in the "
+        "background.")
     p.add_argument("--version", action="version", version=f"ckptfs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("mount", help="mount a store on a directory",
-                       description="Mount STORE (s3://bucket[/prefix], file:///path or a "
-                       "directory) on MOUNTPOINT. Returns when the mount is ready; the daemon "
-                       "logs to CACHE_DIR/ckptfs.log. Credentials come from the standard AWS "
-                       "chain (environment, ~/.aws).",
+                       description="Mount STORE (s3://bucket[/prefix], az://container[/prefix], "
+                       "gs://bucket[/prefix], file:///path or a directory) on MOUNTPOINT. "
+                       "Returns when the mount is ready; the daemon logs to "
+                       "CACHE_DIR/ckptfs.log. Credentials come from each cloud's own chain: "
+                       "AWS (environment, ~/.aws); Azure (AZURE_STORAGE_CONNECTION_STRING, or "
+                       "AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, "
+                       "or DefaultAzureCredential with azure-identity); Google (Application "
+                       "Default Credentials).",
                        epilog="example: ckptfs mount s3://bucket/run7 /mnt/ckpt --cache-dir "
                        "/nvme/ckptfs --keep-last 3 --keep-pattern 'checkpoint-*' (after each save "
                        "into DIR/checkpoint-N, keeps the newest 3 checkpoint-* directories "
@@ -888,8 +907,7 @@ def parser() -> argparse.ArgumentParser:
                    "~/.cache/ckptfs/<store hash>); put it on a fast local disk")
     m.add_argument("--cache-size", default="16G", help="bound of the cache directory; "
                    "writers wait when this much data is not yet uploaded (default 16G)")
-    m.add_argument("--endpoint-url", help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL "
-                   "or AWS)")
+    m.add_argument("--endpoint-url", help=ENDPOINT_HELP)
     m.add_argument("--region", help="S3 region (default: the AWS config chain)")
     m.add_argument("--chunk-size", help="chunk size of a NEW store (default 16M); an "
                    "existing store keeps its own (a warning says so when they differ)")
@@ -958,7 +976,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 STORE_HELP = ("TARGET is a path inside a ckptfs mount (its store is found through the mount's "
-              "daemon) or a STORE: s3://bucket[/prefix], file:///path or a directory, "
+              "daemon) or a STORE: s3://bucket[/prefix], az://container[/prefix], "
+              "gs://bucket[/prefix], file:///path or a directory, "
               "optionally followed by a path inside that filesystem. Works from any machine "
               "that can reach the store; no mount needed. It sees what is in the store: a "
               "file still open, or closed but not yet published on its node, is not there.")
@@ -969,8 +988,7 @@ def add_store_tools(sub: Any) -> None:
 
     def common(p: argparse.ArgumentParser, deep: str) -> None:
         p.add_argument("--deep", action="store_true", help=deep)
-        p.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
-                       "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+        p.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
         p.add_argument("--region", help="S3 region (default: the AWS config chain)")
         p.set_defaults(error_exit=EXIT_ERROR)
 
@@ -1065,8 +1083,7 @@ def add_store_tools(sub: Any) -> None:
     g.add_argument("--dry-run", action="store_true",
                    help="change nothing, say what would be done")
     g.add_argument("--json", action="store_true", help="machine-readable output")
-    g.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
-                   "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+    g.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
     g.add_argument("--region", help="S3 region (default: the AWS config chain)")
     g.set_defaults(func=cmd_gc, error_exit=EXIT_ERROR)
     add_du_parser(sub)

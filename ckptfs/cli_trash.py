@@ -9,7 +9,15 @@ import os
 from typing import Any
 
 from . import inspection, trash
-from .cli import EXIT_ERROR, STORE_HELP, Target, human, mounted_path, open_target
+from .cli import (
+    EXIT_ERROR,
+    STORE_HELP,
+    TOOL_ENDPOINT_HELP,
+    Target,
+    human,
+    mounted_path,
+    open_target,
+)
 from .cli import _utc as utc
 from .errors import CliError
 from .trash import Entry
@@ -123,8 +131,7 @@ def add_trash_parser(sub: Any) -> None:
         p.add_argument("target", metavar="TARGET", help="mounted path, or STORE")
         p.add_argument("path", metavar="PATH", nargs="?", default="", help=path_help)
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--endpoint-url", help="S3-compatible endpoint (default: "
-                       "$AWS_ENDPOINT_URL, or the mount's when TARGET is a mounted path)")
+        p.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
         p.add_argument("--region", help="S3 region (default: the AWS config chain)")
         p.set_defaults(error_exit=EXIT_ERROR)
 

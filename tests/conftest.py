@@ -1,6 +1,7 @@
 """Shared pytest fixtures and hooks for every tier (unit, pipeline, contract, core, fuse;
-docs/ARCHITECTURE.md, Tests): one SeaweedFS server per session, a fresh store per test, the
-mounts of a test (`nodes`), a fault-injecting S3 proxy; FUSE tests skip without FUSE.
+docs/ARCHITECTURE.md, Tests): one SeaweedFS, one Azurite and one fake-gcs-server per
+session (each started on first use), a fresh store per test, the mounts of a test
+(`nodes`), a fault-injecting HTTP proxy; FUSE tests skip without FUSE.
 
 This directory is on sys.path (pytest's default "prepend" import mode puts it there for
 this conftest.py), so test modules of every tier import the support modules beside it:
@@ -17,12 +18,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from azurite import AzuriteServer
+from fakegcs import FakeGcsServer
 from faultproxy import FaultProxy
 from mounting import Nodes, become_subreaper
 from seaweed import SeaweedServer
 
+from ckptfs.store.azure import AzureStore
+from ckptfs.store.gcs import GcsStore
 from ckptfs.store.local import LocalStore
 from ckptfs.store.s3 import S3Store
+
+# google-auth looks for the GCE metadata server (a link-local address) when it finds no
+# credentials: never from the tests (read when google.auth is first imported)
+os.environ["NO_GCE_CHECK"] = "true"
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +68,68 @@ def s3_store(seaweed: SeaweedServer) -> Iterator[S3Store]:
     yield store
     store.close()
     seaweed.drop_bucket(bucket)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    """A real Azurite blob service shared by the whole session. For the session,
+    AZURE_STORAGE_CONNECTION_STRING names it (so ckptfs subprocesses find it too) and no
+    other Azure credential variable is set."""
+    workdir = tmp_path_factory.mktemp("azurite")
+    server = AzuriteServer(workdir)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith("AZURE_"):
+                mp.delenv(name)
+        mp.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string)
+        atexit.register(server.stop)
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+            atexit.unregister(server.stop)
+
+
+@pytest.fixture(scope="session")
+def fakegcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcsServer]:
+    """A real fake-gcs-server shared by the whole session. For the session,
+    STORAGE_EMULATOR_HOST names it (so ckptfs subprocesses find it too) and no Google
+    credentials are configured."""
+    workdir = tmp_path_factory.mktemp("fakegcs")
+    server = FakeGcsServer(workdir)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+            mp.delenv(name, raising=False)
+        mp.setenv("CLOUDSDK_CONFIG", str(workdir / "no-gcloud-config"))
+        mp.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
+        atexit.register(server.stop)
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+            atexit.unregister(server.stop)
+
+
+@pytest.fixture
+def azure_store(azurite: AzuriteServer) -> Iterator[AzureStore]:
+    """An AzureStore on a fresh Azurite container, under a random key prefix."""
+    container = azurite.new_container()
+    store = AzureStore(container, prefix=f"p-{uuid.uuid4().hex[:8]}")
+    yield store
+    store.close()
+    azurite.drop_container(container)
+
+
+@pytest.fixture
+def gcs_store(fakegcs: FakeGcsServer) -> Iterator[GcsStore]:
+    """A GcsStore on a fresh fake-gcs-server bucket, under a random key prefix."""
+    bucket = fakegcs.new_bucket()
+    store = GcsStore(bucket, prefix=f"p-{uuid.uuid4().hex[:8]}")
+    yield store
+    store.close()
+    fakegcs.drop_bucket(bucket)
 
 
 @pytest.fixture

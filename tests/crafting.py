@@ -7,13 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 from mounting import run_cli
 from support import random_bytes
 
 from ckptfs import manifests
 from ckptfs.codec import HEADER_SIZE, chunk_hash, decode_chunk, encode_chunk
 from ckptfs.manifests import Manifest, StoreInfo
+from ckptfs.store.azure import AzureStore
 from ckptfs.store.base import Store
+from ckptfs.store.gcs import GcsStore
+from ckptfs.store.local import LocalStore
 from ckptfs.store.s3 import S3Store
 
 CHUNK = 64 * 1024
@@ -61,6 +65,29 @@ def s3_url(store: S3Store) -> str:
     return f"s3://{store.bucket}/{store.prefix.rstrip('/')}"
 
 
+def azure_url(store: AzureStore) -> str:
+    return f"az://{store.container}/{store.prefix.rstrip('/')}"
+
+
+def gcs_url(store: GcsStore) -> str:
+    return f"gs://{store.bucket_name}/{store.prefix.rstrip('/')}"
+
+
+def make_st(kind: str, request: pytest.FixtureRequest) -> StoreUnderTest:
+    """A StoreUnderTest of `kind` ("local", "s3", "azure", "gcs"), from the fixtures."""
+    if kind == "local":
+        local: LocalStore = request.getfixturevalue("local_store")
+        return StoreUnderTest(local, str(local.root), [])
+    if kind == "s3":
+        s3: S3Store = request.getfixturevalue("s3_store")
+        return StoreUnderTest(s3, s3_url(s3), ["--endpoint-url", s3.endpoint])
+    if kind == "azure":  # the session's AZURE_STORAGE_CONNECTION_STRING names Azurite
+        azure: AzureStore = request.getfixturevalue("azure_store")
+        return StoreUnderTest(azure, azure_url(azure), [])
+    gcs: GcsStore = request.getfixturevalue("gcs_store")
+    return StoreUnderTest(gcs, gcs_url(gcs), ["--endpoint-url", gcs.endpoint])
+
+
 def read_back(store: Store, path: str, fossils: bool = False) -> bytes:
     """The bytes of the file at `path`, from its manifest and its chunks (verified) in
     chunks/ or, with `fossils`, also in fossils/ as readers fall back to them."""
@@ -96,7 +123,10 @@ class StoreUnderTest:
         self.store = new_store(store)
         self.url = url
         self.extra = extra
-        self.local = not isinstance(store, S3Store)
+        #: "local", "s3", "azure" or "gcs"
+        self.kind = {"s3": "s3", "az": "azure", "gs": "gcs"}.get(url.partition("://")[0],
+                                                                "local")
+        self.local = self.kind == "local"
 
     def cli(self, command: str, *args: str, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,6 @@
-"""FaultProxy: an HTTP proxy on the loopback in front of an S3 server that injects faults
-(503 SlowDown, held or delayed requests) and records every request it saw."""
+"""FaultProxy: an HTTP proxy on the loopback in front of an object store's server (S3,
+Azurite, fake-gcs-server) that injects faults (503 SlowDown, held or delayed requests) and
+records every request it saw."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class FaultProxy:
             def do_GET(self) -> None:
                 proxy.handle(self)
 
-            do_PUT = do_POST = do_HEAD = do_DELETE = do_GET
+            do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = do_GET
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

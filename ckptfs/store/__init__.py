@@ -10,18 +10,39 @@ from .base import AsyncStore, Listing, ObjectInfo, Store
 from .local import LocalStore
 
 if TYPE_CHECKING:
+    from .azure import AzureStore
+    from .gcs import GcsStore
     from .s3 import S3Store
 
-__all__ = ["AsyncStore", "Listing", "LocalStore", "ObjectInfo", "S3Store", "Store", "open_store"]
+__all__ = ["AsyncStore", "AzureStore", "GcsStore", "Listing", "LocalStore", "ObjectInfo",
+           "S3Store", "Store", "default_endpoint", "open_store"]
+
+#: the environment variable that names the endpoint of each cloud's stores, as its own
+#: tools read it (Azure's is in its connection string)
+ENDPOINT_VARS = {"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST"}
 
 
 def __getattr__(name: str) -> object:
-    """Import S3Store (and with it boto3) only when someone asks for it."""
+    """Import a cloud store (and with it its SDK) only when someone asks for it."""
     if name == "S3Store":
         from .s3 import S3Store
 
         return S3Store
+    if name == "AzureStore":
+        from .azure import AzureStore
+
+        return AzureStore
+    if name == "GcsStore":
+        from .gcs import GcsStore
+
+        return GcsStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def default_endpoint(url: str) -> str | None:
+    """The endpoint the environment names for the store at `url` (None: the cloud's own)."""
+    var = ENDPOINT_VARS.get(url.partition("://")[0].lower())
+    return (os.environ.get(var) or None) if var else None
 
 
 def open_store(
@@ -31,9 +52,12 @@ def open_store(
     max_pool_connections: int = 32,
     storage_class: str | None = None,
 ) -> Store:
-    """The store at `url`: s3://bucket[/prefix], file:///abs/path, or a directory path.
+    """The store at `url`: s3://bucket[/prefix], az://container[/prefix],
+    gs://bucket[/prefix], file:///abs/path, or a directory path.
 
-    `storage_class`: the S3 storage class of chunk objects (S3 stores only)."""
+    `endpoint_url`: the endpoint of the cloud the URL names (an S3-compatible server, an
+    Azure blob endpoint such as Azurite's, a GCS endpoint such as an emulator's).
+    `region`, `storage_class` (of chunk objects): S3 stores only."""
     scheme, sep, rest = url.partition("://")
     if storage_class and scheme.lower() != "s3":
         raise ConfigError(f"--storage-class applies to s3:// stores only, not {url}")
@@ -51,7 +75,20 @@ def open_store(
 
         return S3Store(bucket, prefix, endpoint_url, region, max_pool_connections,
                        chunk_storage_class=storage_class)
-    raise ConfigError(f"unsupported store URL (want s3://, file:// or a path): {url}")
+    if scheme.lower() in ("az", "gs"):
+        container, _, prefix = rest.partition("/")
+        if not container:
+            kind = "container" if scheme.lower() == "az" else "bucket"
+            raise ConfigError(f"store URL names no {kind}: {url}")
+        if scheme.lower() == "az":
+            from .azure import AzureStore
+
+            return AzureStore(container, prefix, endpoint_url, max_pool_connections)
+        from .gcs import GcsStore
+
+        return GcsStore(container, prefix, endpoint_url, max_pool_connections)
+    raise ConfigError(f"unsupported store URL (want s3://, az://, gs://, file:// or a path): "
+                      f"{url}")
 
 
 def _open_directory(path: str) -> LocalStore:

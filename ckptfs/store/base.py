@@ -61,6 +61,22 @@ def check_key(key: str) -> str:
     return key
 
 
+def root_cause(e: BaseException) -> str:
+    """The innermost OS reason of a connection failure ('Connection refused'), else `e`."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        # azure-core keeps the transport's exception in `inner_exception`
+        cause = cause.__cause__ or cause.__context__ or getattr(cause, "inner_exception", None)
+    return one_line(e)
+
+
+def one_line(text: object) -> str:
+    """`text` as a single line (error messages go to logs and to the status file)."""
+    return " ".join(str(text).split())
+
+
 class Store(abc.ABC):
     """A flat key space of immutable-ish objects; every method blocks and is thread-safe.
 

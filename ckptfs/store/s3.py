@@ -33,7 +33,7 @@ from ..errors import (
     TransientStoreError,
 )
 from ..manifests import CHUNKS
-from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key, one_line, root_cause
 
 #: error codes of a missing object
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -81,21 +81,6 @@ def error_code(e: ClientError) -> tuple[str, int]:
     return code, int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
-def root_cause(e: BaseException) -> str:
-    """The innermost OS reason of a connection failure ('Connection refused'), else `e`."""
-    cause: BaseException | None = e
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror
-        cause = cause.__cause__ or cause.__context__
-    return one_line(e)
-
-
-def one_line(text: object) -> str:
-    """`text` as a single line (error messages go to logs and to the status file)."""
-    return " ".join(str(text).split())
-
-
 class S3Store(Store):
     """Objects under `prefix` in one bucket; one shared, thread-safe boto3 client."""
 
@@ -131,6 +116,7 @@ class S3Store(Store):
         self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
         self.endpoint: str = self._client.meta.endpoint_url
         self._endpoint_arg = endpoint_url
+        self._no_batch_delete = False  # set once the server refuses DeleteObjects
         self.url = self._url()
 
     def _url(self) -> str:
@@ -292,14 +278,28 @@ class S3Store(Store):
 
     def delete_many(self, keys: Iterable[str]) -> None:
         full_keys = [self._key(k) for k in keys]
+        n = len(self.prefix)
         for i in range(0, len(full_keys), DELETE_BATCH):
             batch = full_keys[i : i + DELETE_BATCH]
-            first = batch[0][len(self.prefix) :]
+            if self._no_batch_delete:
+                for key in batch:
+                    self.delete(key[n:])
+                continue
+            first = batch[0][n:]
             with self._errors("delete_many", first):
-                response = self._client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-                )
+                try:
+                    response = self._client.delete_objects(
+                        Bucket=self.bucket,
+                        Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                    )
+                except ClientError as e:
+                    if error_code(e)[0] != "NotImplemented":
+                        raise
+                    # GCS's S3 API (its XML API) has no DeleteObjects: one by one from now
+                    self._no_batch_delete = True
+                    for key in batch:
+                        self.delete(key[n:])
+                    continue
             self._raise_delete_errors(response.get("Errors", []))
 
     def _raise_delete_errors(self, errors: list[dict[str, str]]) -> None:

@@ -22,9 +22,9 @@ from crafting import (
     CHUNK,
     StoreUnderTest,
     checkpoint,
+    make_st,
     put_file,
     read_back,
-    s3_url,
     snapshot,
     stored_names,
 )
@@ -42,7 +42,6 @@ from ckptfs.publisher import Publisher
 from ckptfs.store.base import ObjectInfo, Store
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
-from ckptfs.store.s3 import S3Store
 
 DAY = 86400.0
 
@@ -259,7 +258,8 @@ GC_CRASH_POINTS = ["gc_clock_probe", "gc_references_read", "gc_fossil_restored",
                    "gc_fossil_freed", "gc_swept", "gc_chunk_fossilized",
                    "gc_chunk_fossilized:3"]
 RENAME_CRASH_POINTS = {"local": ["store_rename_touched", "store_rename_touched:2"],
-                       "s3": ["store_rename_copied", "store_rename_copied:2"]}
+                       "s3": ["store_rename_copied", "store_rename_copied:2"],
+                       "azure": ["store_rename_copied"], "gcs": ["store_rename_copied"]}
 
 
 def every_state(store: Store) -> dict[str, bytes]:
@@ -280,8 +280,10 @@ def every_state(store: Store) -> dict[str, bytes]:
 
 
 def crash_cases() -> Iterator[object]:
-    for kind in ("local", "s3"):
+    for kind in ("local", "s3", "azure", "gcs"):
         for point in GC_CRASH_POINTS + RENAME_CRASH_POINTS[kind]:
+            if kind in ("azure", "gcs") and point not in RENAME_CRASH_POINTS[kind]:
+                continue  # their own rename only: the rest is the same code as on S3
             if kind == "s3" and point not in ("gc_fossil_restored", "gc_chunk_fossilized",
                                               *RENAME_CRASH_POINTS["s3"]):
                 continue  # nothing S3-specific: the local run covers it
@@ -306,14 +308,6 @@ def test_gc_killed_at_any_point_loses_nothing(kind: str, point: str,
     assert stored_names(st.store, manifests.FOSSILS) == set()
     fsck = inspection.fsck(st.store, deep=True)
     assert fsck.clean and fsck.garbage_chunks == 0 and fsck.fossils == 0, fsck.to_dict()
-
-
-def make_st(kind: str, request: pytest.FixtureRequest) -> StoreUnderTest:
-    if kind == "local":
-        local: LocalStore = request.getfixturevalue("local_store")
-        return StoreUnderTest(local, str(local.root), [])
-    s3: S3Store = request.getfixturevalue("s3_store")
-    return StoreUnderTest(s3, s3_url(s3), ["--endpoint-url", s3.endpoint])
 
 
 def test_runs_at_once_lose_no_referenced_chunk(st: StoreUnderTest) -> None:

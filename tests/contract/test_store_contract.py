@@ -30,10 +30,12 @@ from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.s3 import S3Store
 
 
-@pytest.fixture(params=["local", "s3", "faulty-local"])
+@pytest.fixture(params=["local", "s3", "azure", "gcs", "faulty-local"])
 def store(request: pytest.FixtureRequest) -> Store:
-    """Each store implementation in turn (s3 is a real SeaweedFS bucket)."""
-    inner: Store = request.getfixturevalue("s3_store" if request.param == "s3" else "local_store")
+    """Each store implementation in turn (s3 is a real SeaweedFS bucket, azure an Azurite
+    container, gcs a fake-gcs-server bucket)."""
+    fixture = {"faulty-local": "local"}.get(request.param, request.param)
+    inner: Store = request.getfixturevalue(f"{fixture}_store")
     return FaultyStore(inner) if request.param == "faulty-local" else inner
 
 
@@ -117,7 +119,7 @@ def test_delete(store: Store) -> None:
     assert store.list("d/").objects == [("d/other", 1)]
 
 
-@pytest.mark.parametrize("store", ["local", "s3"], indirect=True)  # FaultyStore: pass-through
+@pytest.mark.parametrize("store", ["local", "s3", "azure", "gcs"], indirect=True)  # not Faulty
 def test_thousands_of_keys(store: Store) -> None:
     """Listing crosses S3's 1000-key pages; delete_many crosses its 1000-key batches.
 
@@ -914,6 +916,32 @@ def test_faulty_corrupt_get(faulty: FaultyStore) -> None:
     assert faulty.get("k") == data
 
 
-def test_importing_stores_does_not_import_boto3() -> None:
-    code = "import sys, ckptfs.store; assert 'boto3' not in sys.modules, 'boto3 imported'"
+def test_importing_stores_does_not_import_the_cloud_sdks() -> None:
+    code = ("import sys, ckptfs.store, ckptfs.cli\n"
+            "for sdk in ('boto3', 'azure.storage.blob', 'google.cloud.storage', 'obstore'):\n"
+            "    assert sdk not in sys.modules, sdk + ' imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_s3_delete_many_without_delete_objects() -> None:
+    """GCS's S3 API answers DeleteObjects with NotImplemented: the keys go one by one,
+    and later batches skip the refused request."""
+    from botocore.exceptions import ClientError
+
+    calls: list[str] = []
+
+    class Client:
+        def delete_objects(self, **kw: object) -> None:
+            calls.append("delete_objects")
+            raise ClientError({"Error": {"Code": "NotImplemented"},
+                               "ResponseMetadata": {"HTTPStatusCode": 501}}, "DeleteObjects")
+
+        def delete_object(self, **kw: object) -> None:
+            calls.append(f"delete_object {kw['Key']}")
+
+    store = S3Store("b", "p", endpoint_url="http://127.0.0.1:1")
+    store._client = Client()
+    store.delete_many(["a", "b"])
+    store.delete_many(["c"])
+    assert calls == ["delete_objects", "delete_object p/a", "delete_object p/b",
+                     "delete_object p/c"]

@@ -1,0 +1,328 @@
+"""A store in an Azure Blob Storage container (Azure, Azurite), through azure-storage-blob."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+import requests
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.core.pipeline.transport import RequestsTransport
+from azure.storage.blob import BlobPrefix, BlobServiceClient, ContainerClient, LinearRetry
+
+from ..crashpoints import crash_point
+from ..errors import (
+    ConfigError,
+    KeyTooLongError,
+    NotFoundError,
+    PermanentStoreError,
+    StoreError,
+    TransientStoreError,
+)
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key, one_line, root_cause
+
+#: the longest blob name Azure allows, in characters, the store's prefix included
+MAX_NAME_CHARS = 1024
+#: error codes of a 404 that is not about the blob: retrying cannot fix these
+PERMANENT_404 = frozenset({"ContainerNotFound", "ContainerBeingDeleted", "AccountIsDisabled"})
+#: 4xx error codes that are nevertheless worth retrying
+TRANSIENT_CODES = frozenset({"ServerBusy", "OperationTimedOut", "InternalError",
+                             "IncrementalCopyOfEarlierVersionSnapshotNotAllowed"})
+#: most deletes in flight at once in delete_many
+DELETE_THREADS = 8
+#: the environment variables of Azure's tools, in the order they are tried
+CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
+ACCOUNT_VARS = ("AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_NAME")
+KEY_VARS = ("AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY")
+SAS_VAR = "AZURE_STORAGE_SAS_TOKEN"
+
+
+def error_class(status: int, code: str) -> type[StoreError]:
+    """The StoreError subclass for an HTTP status (0 if none) and Azure error code."""
+    if status in (401, 403):
+        return PermanentStoreError
+    if status == 404:
+        return PermanentStoreError if code in PERMANENT_404 else NotFoundError
+    if code in TRANSIENT_CODES or status in (0, 408, 429) or status >= 500:
+        return TransientStoreError
+    return PermanentStoreError
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def _credential(endpoint_url: str | None) -> tuple[str, Any]:
+    """(account URL, credential) from Azure's conventions: a connection string; else an
+    account with a key or a SAS token; else DefaultAzureCredential (azure-identity)."""
+    connection_string = os.environ.get(CONNECTION_STRING)
+    if connection_string:
+        try:
+            service = BlobServiceClient.from_connection_string(connection_string)
+        except ValueError as e:
+            raise ConfigError(f"{CONNECTION_STRING} is not a valid connection string: "
+                              f"{one_line(e).split(';')[0]}") from None
+        return endpoint_url or service.url.rstrip("/"), service.credential
+    account = _env(*ACCOUNT_VARS)
+    if not account and not endpoint_url:
+        raise ConfigError(f"no Azure storage account: set {CONNECTION_STRING}, or "
+                          f"{ACCOUNT_VARS[0]} (with {KEY_VARS[0]} or {SAS_VAR}, or an "
+                          f"identity azure-identity finds), or give --endpoint-url")
+    url = endpoint_url or f"https://{account}.blob.core.windows.net"
+    key = _env(*KEY_VARS)
+    if key:
+        if not account:
+            raise ConfigError(f"{KEY_VARS[0]} needs {ACCOUNT_VARS[0]} (the account's name)")
+        return url, {"account_name": account, "account_key": key}
+    sas = os.environ.get(SAS_VAR)
+    if sas:
+        return url, sas.lstrip("?")
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        raise ConfigError(f"no Azure credentials: set {CONNECTION_STRING}, or "
+                          f"{KEY_VARS[0]} or {SAS_VAR} with {ACCOUNT_VARS[0]}, or install "
+                          f"azure-identity (pip install 'ckptfs[azure-identity]') to use "
+                          f"DefaultAzureCredential") from None
+    return url, DefaultAzureCredential()
+
+
+class AzureStore(Store):
+    """Blobs under `prefix` in one container; one shared, thread-safe ContainerClient."""
+
+    def __init__(
+        self,
+        container: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        max_pool_connections: int = 32,
+        connect_timeout: float = 5,
+        read_timeout: float = 60,
+    ) -> None:
+        self.container = container
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        account_url, credential = _credential(endpoint_url)
+        self.endpoint = account_url
+        session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1,
+                                                pool_maxsize=max_pool_connections)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        transport = RequestsTransport(session=session, session_owner=True,
+                                      connection_timeout=connect_timeout,
+                                      read_timeout=read_timeout)
+        # 2 attempts in all, 0.2 s apart, as on S3: ckptfs retries further with its own
+        # backoff (retry.py); the SDK's default would be 4 attempts 15 s and more apart
+        seconds: Any = 0.2  # typed int, yet it takes seconds as floats
+        retry = LinearRetry(backoff=seconds, retry_total=1, random_jitter_range=seconds / 2)
+        service = BlobServiceClient(account_url, credential=credential, transport=transport,
+                                    retry_policy=retry)
+        self._client: ContainerClient = service.get_container_client(container)
+        self._service = service
+        self.url = self._url()
+
+    def _url(self) -> str:
+        return f"az://{self.container}/{self.prefix} at {self.endpoint}"
+
+    def parent(self) -> AzureStore | None:
+        if not self.prefix:
+            return None
+        up = copy.copy(self)  # the same client
+        up.prefix = self.prefix[:-1].rpartition("/")[0]
+        up.prefix += "/" if up.prefix else ""
+        up.url = up._url()
+        return up
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def check_length(self, key: str) -> None:
+        size = len(self._key(key))
+        if size > MAX_NAME_CHARS:
+            raise KeyTooLongError(f"key too long for {self.url}: {size} characters with the "
+                                  f"prefix, Azure allows {MAX_NAME_CHARS}: {key}")
+
+    def _where(self, key: str) -> str:
+        return f"az://{self.container}/{self.prefix}{key} at {self.endpoint}"
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        """Translate azure-core exceptions into the StoreError family, naming no secret."""
+        try:
+            yield
+        except ClientAuthenticationError as e:
+            status = e.status_code or 0
+            code = getattr(e, "error_code", None) or "authentication failed"
+            raise PermanentStoreError(f"Azure {op} {self._where(key)}: {code} (HTTP {status})"
+                                      f"; check the credentials") from e
+        except HttpResponseError as e:
+            status, code = e.status_code or 0, str(getattr(e, "error_code", None) or "")
+            cls = error_class(status, code)
+            raise cls(f"Azure {op} {self._where(key)}: {code or 'error'} (HTTP {status})") from e
+        except (ServiceRequestError, ServiceResponseError) as e:
+            raise TransientStoreError(f"Azure {op} {self._where(key)}: {root_cause(e)}") from e
+        except AzureError as e:
+            raise TransientStoreError(f"Azure {op} {self._where(key)}: {one_line(e)}") from e
+
+    def check(self) -> None:
+        """Verify that the container exists and answers; raise a one-line StoreError if not."""
+        try:
+            self._client.get_container_properties()
+        except ResourceNotFoundError as e:
+            raise PermanentStoreError(f"container {self.container} does not exist at "
+                                      f"{self.endpoint}") from e
+        except ClientAuthenticationError as e:
+            raise PermanentStoreError(
+                f"access to container {self.container} at {self.endpoint} denied "
+                f"(HTTP {e.status_code or 0}): check the credentials") from e
+        except HttpResponseError as e:
+            if e.status_code == 403:
+                raise PermanentStoreError(
+                    f"access to container {self.container} at {self.endpoint} denied "
+                    f"(HTTP 403): check the credentials") from e
+            with self._errors("check", ""):
+                raise
+        except ServiceRequestError as e:
+            raise TransientStoreError(f"cannot connect to {self.endpoint}: "
+                                      f"{root_cause(e)}") from e
+        except AzureError:
+            with self._errors("check", ""):
+                raise
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.check_length(key)
+        body = bytes(data) if isinstance(data, memoryview) else data
+        with self._errors("put", key):
+            # one Put Blob up to 64 MiB; above, blocks and one Put Block List: atomic both
+            self._client.upload_blob(self._key(key), body, overwrite=True, max_concurrency=1)
+
+    def get(self, key: str) -> bytes:
+        with self._errors("get", key):
+            return bytes(self._client.download_blob(self._key(key), max_concurrency=1).readall())
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if start < 0:
+            raise ValueError(f"negative range start: {start}")
+        if end <= start:
+            if self.head(key) is None:
+                raise NotFoundError(f"Azure get_range {self._where(key)}: no such blob")
+            return b""
+        with self._errors("get_range", key):
+            try:
+                downloader = self._client.download_blob(self._key(key), offset=start,
+                                                        length=end - start, max_concurrency=1)
+                return bytes(downloader.readall())
+            except HttpResponseError as e:
+                if e.status_code == 416:  # start is at or past the end of the blob
+                    return b""
+                raise
+
+    def _properties(self, op: str, key: str) -> Any:
+        try:
+            with self._errors(op, key):
+                return self._client.get_blob_client(self._key(key)).get_blob_properties()
+        except NotFoundError:
+            return None
+
+    def head(self, key: str) -> int | None:
+        props = self._properties("head", key)
+        return None if props is None else int(props.size)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        props = self._properties("stat", key)
+        if props is None:
+            return None
+        return self._info(key, props.size, props.last_modified, props.etag)
+
+    @staticmethod
+    def _info(key: str, size: int, modified: datetime, etag: str) -> ObjectInfo:
+        return ObjectInfo(key, int(size), modified.timestamp(),
+                          f"{int(size)}:{etag.strip(chr(34))}")  # listings quote it
+
+    def copy(self, src: str, dst: str) -> None:
+        self.check_length(dst)
+        source = self._client.get_blob_client(self._key(src))
+        target = self._client.get_blob_client(self._key(dst))
+        with self._errors("copy", src):
+            # within one account the copy is synchronous (status "success"); wait otherwise
+            copy_props: Any = target.start_copy_from_url(source.url, requires_sync=None)
+            status = copy_props.get("copy_status")
+            while status == "pending":
+                time.sleep(0.1)
+                status = target.get_blob_properties().copy.status
+            if status not in (None, "success"):
+                raise TransientStoreError(f"Azure copy {self._where(src)}: copy {status}")
+
+    def rename(self, src: str, dst: str) -> None:
+        """Copy Blob (the copy gets a new Last-Modified), then Delete Blob. Not atomic: a
+        crash in between leaves both. When the two took longer than RESTAMP_AFTER, the
+        copy's metadata is set, which gives it a new Last-Modified."""
+        self.check_length(dst)
+        start = time.monotonic()
+        self.copy(src, dst)
+        crash_point("store_rename_copied")
+        self.delete(src)
+        if time.monotonic() - start > RESTAMP_AFTER:
+            with self._errors("rename", dst):
+                self._client.get_blob_client(self._key(dst)).set_blob_metadata(
+                    {"ckptfs_restamped": str(int(time.time()))})
+
+    def delete(self, key: str) -> None:
+        try:
+            with self._errors("delete", key):
+                self._client.delete_blob(self._key(key))
+        except NotFoundError:
+            pass
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if len(keys) <= 1:
+            for key in keys:
+                self.delete(key)
+            return
+        with ThreadPoolExecutor(DELETE_THREADS) as pool:
+            list(pool.map(self.delete, keys))
+
+    def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
+        n = len(self.prefix)
+        objects: list[tuple[str, int]] = []
+        prefixes: list[str] = []
+        with self._errors("list", prefix):
+            if delimiter is None:
+                for blob in self._client.list_blobs(name_starts_with=self.prefix + prefix):
+                    objects.append((blob.name[n:], int(blob.size)))
+            else:
+                for item in self._client.walk_blobs(name_starts_with=self.prefix + prefix,
+                                                    delimiter=delimiter):
+                    if isinstance(item, BlobPrefix):
+                        prefixes.append(item.name[n:])
+                    else:
+                        objects.append((item.name[n:], int(item.size)))
+        return Listing(sorted(objects), sorted(prefixes))
+
+    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
+        n = len(self.prefix)
+        with self._errors("scan", prefix):
+            pages = self._client.list_blobs(name_starts_with=self.prefix + prefix).by_page()
+            for page in pages:  # one page (up to 5000 blobs) at a time
+                for blob in page:
+                    yield self._info(blob.name[n:], blob.size, blob.last_modified, blob.etag)
+
+    def close(self) -> None:
+        self._service.close()

@@ -1,0 +1,299 @@
+"""A store in a Google Cloud Storage bucket (GCS, fake-gcs-server), through google-cloud-storage."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import google.auth
+import requests
+from google.api_core import exceptions as api
+from google.auth import exceptions as auth
+from google.auth.credentials import AnonymousCredentials
+from google.auth.transport.requests import AuthorizedSession
+from google.cloud import storage
+from google.resumable_media import common as media
+from urllib3.util.retry import Retry
+
+from ..crashpoints import crash_point
+from ..errors import (
+    ConfigError,
+    KeyTooLongError,
+    NotFoundError,
+    PermanentStoreError,
+    StoreError,
+    TransientStoreError,
+)
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key, one_line, root_cause
+
+#: the longest object name GCS allows, in bytes of UTF-8, the store's prefix included
+MAX_KEY_BYTES = 1024
+#: where the google-cloud-storage client (and gsutil, gcloud) find an emulator
+EMULATOR_VAR = "STORAGE_EMULATOR_HOST"
+#: HTTP statuses whose request the client sends a second time at once
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+#: most deletes in flight at once in delete_many
+DELETE_THREADS = 8
+#: the scopes a store needs (read and write objects, list them)
+SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
+
+
+def error_class(status: int, message: str = "") -> type[StoreError]:
+    """The StoreError subclass for an HTTP status (0 if none) and the error's message."""
+    if status in (401, 403):
+        return PermanentStoreError
+    if status == 404:
+        # the bucket itself missing is no missing object: nothing will bring it back
+        return PermanentStoreError if "bucket" in message.lower() else NotFoundError
+    if status in (0, 408, 429) or status >= 500:
+        return TransientStoreError
+    return PermanentStoreError
+
+
+def _credentials(endpoint_url: str | None) -> tuple[str | None, Any, str | None]:
+    """(endpoint, credentials, project): Application Default Credentials; anonymous for an
+    emulator (STORAGE_EMULATOR_HOST, or an --endpoint-url where ADC finds none)."""
+    emulator = os.environ.get(EMULATOR_VAR) or None
+    if emulator:  # as google-cloud-storage does: an emulator takes no credentials
+        if "://" not in emulator:
+            emulator = f"http://{emulator}"
+        return endpoint_url or emulator, AnonymousCredentials(), None  # type: ignore[no-untyped-call]
+    try:
+        credentials, project = google.auth.default(scopes=SCOPES)
+    except auth.DefaultCredentialsError as e:
+        if endpoint_url:
+            return endpoint_url, AnonymousCredentials(), None  # type: ignore[no-untyped-call]
+        reason = one_line(e).split(". ")[0]
+        raise ConfigError(f"no Google credentials (Application Default Credentials: "
+                          f"GOOGLE_APPLICATION_CREDENTIALS, gcloud auth "
+                          f"application-default login, or the metadata server): "
+                          f"{reason}") from None
+    return endpoint_url, credentials, project
+
+
+class GcsStore(Store):
+    """Objects under `prefix` in one bucket; one shared, thread-safe storage.Client."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        max_pool_connections: int = 32,
+        connect_timeout: float = 5,
+        read_timeout: float = 60,
+    ) -> None:
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        endpoint, credentials, project = _credentials(endpoint_url)
+        session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
+        # 2 attempts in all, as on S3 and Azure: ckptfs retries further with its own
+        # backoff (retry.py); the SDK's own retries are off (retry=None in every call)
+        retries = Retry(total=1, connect=1, read=1, status=1, other=0, allowed_methods=None,
+                        status_forcelist=RETRY_STATUSES, backoff_factor=0.1,
+                        raise_on_status=False)
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1, max_retries=retries,
+                                                pool_maxsize=max_pool_connections)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        options = {"api_endpoint": endpoint} if endpoint else None
+        self._client = storage.Client(project=project, credentials=credentials, _http=session,
+                                      client_options=options)
+        # google-cloud-storage >= 3.10 fetches each bucket's metadata for its tracing spans
+        # in a thread of its own (one more GET per bucket, fired and forgotten): off
+        if getattr(self._client, "_bucket_metadata_cache", None) is not None:
+            self._client._bucket_metadata_cache = None
+        self._bucket = self._client.bucket(bucket)
+        self.endpoint: str = endpoint or "https://storage.googleapis.com"
+        self._endpoint_arg = endpoint
+        self._timeout = (connect_timeout, read_timeout)
+        self.url = self._url()
+
+    def _url(self) -> str:
+        at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
+        return f"gs://{self.bucket_name}/{self.prefix}{at}"
+
+    def parent(self) -> GcsStore | None:
+        if not self.prefix:
+            return None
+        up = copy.copy(self)  # the same client
+        up.prefix = self.prefix[:-1].rpartition("/")[0]
+        up.prefix += "/" if up.prefix else ""
+        up.url = up._url()
+        return up
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _blob(self, key: str) -> Any:
+        return self._bucket.blob(self._key(key))
+
+    def check_length(self, key: str) -> None:
+        size = len(self._key(key).encode("utf-8", "surrogateescape"))
+        if size > MAX_KEY_BYTES:
+            raise KeyTooLongError(f"key too long for {self.url}: {size} bytes with the "
+                                  f"prefix, GCS allows {MAX_KEY_BYTES}: {key}")
+
+    def _where(self, key: str) -> str:
+        return f"gs://{self.bucket_name}/{self.prefix}{key} at {self.endpoint}"
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        """Translate google-cloud exceptions into the StoreError family, naming no secret."""
+        try:
+            yield
+        except api.GoogleAPICallError as e:
+            status = int(e.code or 0)
+            message = one_line(e.message)[:200]
+            cls = error_class(status, message)
+            raise cls(f"GCS {op} {self._where(key)}: {message} (HTTP {status})") from e
+        except media.InvalidResponse as e:
+            status = int(getattr(e.response, "status_code", 0) or 0)
+            cls = error_class(status)
+            raise cls(f"GCS {op} {self._where(key)}: HTTP {status}") from e
+        except auth.RefreshError as e:
+            cls = TransientStoreError if e.retryable else PermanentStoreError
+            raise cls(f"GCS {op} {self._where(key)}: credentials: {one_line(e)[:200]}") from e
+        except auth.GoogleAuthError as e:
+            raise PermanentStoreError(f"GCS {op} {self._where(key)}: credentials: "
+                                      f"{one_line(e)[:200]}") from e
+        except (requests.RequestException, OSError) as e:
+            raise TransientStoreError(f"GCS {op} {self._where(key)}: {root_cause(e)}") from e
+
+    def check(self) -> None:
+        """Verify that the bucket exists and answers (one LIST of at most one object, the
+        permission a store needs anyway); raise a one-line StoreError if not."""
+        try:
+            pages = self._client.list_blobs(self._bucket, max_results=1, retry=None,
+                                            timeout=self._timeout)
+            list(pages)
+        except api.NotFound as e:
+            raise PermanentStoreError(f"bucket {self.bucket_name} does not exist at "
+                                      f"{self.endpoint}") from e
+        except (api.Forbidden, api.Unauthorized) as e:
+            raise PermanentStoreError(
+                f"access to bucket {self.bucket_name} at {self.endpoint} denied "
+                f"(HTTP {e.code}): check the credentials") from e
+        except requests.ConnectionError as e:
+            raise TransientStoreError(f"cannot connect to {self.endpoint}: "
+                                      f"{root_cause(e)}") from e
+        except Exception as e:  # noqa: BLE001 - every other failure, classified as usual
+            with self._errors("check", ""):
+                raise e from None
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.check_length(key)
+        body = bytes(data) if isinstance(data, memoryview) else data
+        with self._errors("put", key):
+            # a multipart upload up to 8 MiB, a resumable one above: atomic both
+            self._blob(key).upload_from_string(body, content_type="application/octet-stream",
+                                               checksum=None, retry=None,
+                                               timeout=self._timeout)
+
+    def get(self, key: str) -> bytes:
+        with self._errors("get", key):
+            return bytes(self._blob(key).download_as_bytes(checksum=None, retry=None,
+                                                           raw_download=True,
+                                                           timeout=self._timeout))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if start < 0:
+            raise ValueError(f"negative range start: {start}")
+        if end <= start:
+            if self.head(key) is None:
+                raise NotFoundError(f"GCS get_range {self._where(key)}: no such object")
+            return b""
+        with self._errors("get_range", key):
+            try:
+                return bytes(self._blob(key).download_as_bytes(
+                    start=start, end=end - 1, checksum=None, retry=None, raw_download=True,
+                    timeout=self._timeout))
+            except api.RequestRangeNotSatisfiable:
+                return b""  # start is at or past the end of the object
+
+    def _get_blob(self, op: str, key: str) -> Any:
+        with self._errors(op, key):
+            return self._bucket.get_blob(self._key(key), retry=None, timeout=self._timeout)
+
+    def head(self, key: str) -> int | None:
+        blob = self._get_blob("head", key)
+        return None if blob is None else int(blob.size)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        blob = self._get_blob("stat", key)
+        return None if blob is None else self._info(key, blob)
+
+    @staticmethod
+    def _info(key: str, blob: Any) -> ObjectInfo:
+        size = int(blob.size)
+        return ObjectInfo(key, size, blob.updated.timestamp(), f"{size}:{blob.generation}")
+
+    def copy(self, src: str, dst: str) -> None:
+        self.check_length(dst)
+        source, target = self._blob(src), self._blob(dst)
+        with self._errors("copy", src):
+            token, _, _ = target.rewrite(source, retry=None, timeout=self._timeout)
+            while token is not None:  # large objects across locations: several calls
+                token, _, _ = target.rewrite(source, token=token, retry=None,
+                                             timeout=self._timeout)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rewrite (the copy is a new generation: a new `updated`), then delete. Not
+        atomic: a crash in between leaves both. When the two took longer than
+        RESTAMP_AFTER, the copy's metadata is patched, which updates `updated`."""
+        self.check_length(dst)
+        start = time.monotonic()
+        self.copy(src, dst)
+        crash_point("store_rename_copied")
+        self.delete(src)
+        if time.monotonic() - start > RESTAMP_AFTER:
+            target = self._blob(dst)
+            target.metadata = {"ckptfs-restamped": str(int(time.time()))}
+            with self._errors("rename", dst):
+                target.patch(retry=None, timeout=self._timeout)
+
+    def delete(self, key: str) -> None:
+        try:
+            with self._errors("delete", key):
+                self._blob(key).delete(retry=None, timeout=self._timeout)
+        except NotFoundError:
+            pass
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if len(keys) <= 1:
+            for key in keys:
+                self.delete(key)
+            return
+        with ThreadPoolExecutor(DELETE_THREADS) as pool:
+            list(pool.map(self.delete, keys))
+
+    def _pages(self, prefix: str, delimiter: str | None) -> Any:
+        return self._client.list_blobs(self._bucket, prefix=self.prefix + prefix,
+                                       delimiter=delimiter, retry=None,
+                                       timeout=self._timeout).pages
+
+    def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
+        n = len(self.prefix)
+        objects: list[tuple[str, int]] = []
+        prefixes: list[str] = []
+        with self._errors("list", prefix):
+            for page in self._pages(prefix, delimiter):
+                objects += [(blob.name[n:], int(blob.size)) for blob in page]
+                prefixes += [p[n:] for p in page.prefixes]
+        return Listing(sorted(objects), sorted(prefixes))
+
+    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
+        n = len(self.prefix)
+        with self._errors("scan", prefix):
+            for page in self._pages(prefix, None):  # one page (up to 1000) at a time
+                for blob in page:
+                    yield self._info(blob.name[n:], blob)
+
+    def close(self) -> None:
+        self._client.close()

