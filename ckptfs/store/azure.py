@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -32,7 +31,7 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key, one_line, root_cause
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, PrefixedStore, one_line, root_cause
 
 #: the longest blob name Azure allows, in characters, the store's prefix included
 MAX_NAME_CHARS = 1024
@@ -103,7 +102,7 @@ def _credential(endpoint_url: str | None) -> tuple[str, Any]:
     return url, DefaultAzureCredential()
 
 
-class AzureStore(Store):
+class AzureStore(PrefixedStore):
     """Blobs under `prefix` in one container; one shared, thread-safe ContainerClient."""
 
     def __init__(
@@ -140,17 +139,6 @@ class AzureStore(Store):
     def _url(self) -> str:
         return f"az://{self.container}/{self.prefix} at {self.endpoint}"
 
-    def parent(self) -> AzureStore | None:
-        if not self.prefix:
-            return None
-        up = copy.copy(self)  # the same client
-        up.prefix = self.prefix[:-1].rpartition("/")[0]
-        up.prefix += "/" if up.prefix else ""
-        up.url = up._url()
-        return up
-
-    def _key(self, key: str) -> str:
-        return self.prefix + check_key(key)
 
     def check_length(self, key: str) -> None:
         size = len(self._key(key))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
+import copy
 import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Self, TypeVar
 
 import trio
 
@@ -177,6 +178,29 @@ class Store(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional: most stores hold nothing to release
         """Release connections; the store is unusable afterwards."""
+
+
+class PrefixedStore(Store):
+    """A store whose objects live under a key prefix ('' or ending in '/') of one bucket
+    or container (S3, Azure, GCS): keys with the prefix, and the store one level up."""
+
+    prefix: str = ""
+
+    @abc.abstractmethod
+    def _url(self) -> str:
+        """The store's url for the current prefix (without credentials)."""
+
+    def parent(self) -> Self | None:
+        if not self.prefix:
+            return None
+        up = copy.copy(self)  # the same client
+        up.prefix = self.prefix[:-1].rpartition("/")[0]
+        up.prefix += "/" if up.prefix else ""
+        up.url = up._url()
+        return up
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
 
 
 class AsyncStore:

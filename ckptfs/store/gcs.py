@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -29,7 +28,7 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key, one_line, root_cause
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, PrefixedStore, one_line, root_cause
 
 #: the longest object name GCS allows, in bytes of UTF-8, the store's prefix included
 MAX_KEY_BYTES = 1024
@@ -76,7 +75,7 @@ def _credentials(endpoint_url: str | None) -> tuple[str | None, Any, str | None]
     return endpoint_url, credentials, project
 
 
-class GcsStore(Store):
+class GcsStore(PrefixedStore):
     """Objects under `prefix` in one bucket; one shared, thread-safe storage.Client."""
 
     def __init__(
@@ -118,17 +117,6 @@ class GcsStore(Store):
         at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
         return f"gs://{self.bucket_name}/{self.prefix}{at}"
 
-    def parent(self) -> GcsStore | None:
-        if not self.prefix:
-            return None
-        up = copy.copy(self)  # the same client
-        up.prefix = self.prefix[:-1].rpartition("/")[0]
-        up.prefix += "/" if up.prefix else ""
-        up.url = up._url()
-        return up
-
-    def _key(self, key: str) -> str:
-        return self.prefix + check_key(key)
 
     def _blob(self, key: str) -> Any:
         return self._bucket.blob(self._key(key))

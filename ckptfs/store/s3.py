@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -33,7 +32,7 @@ from ..errors import (
     TransientStoreError,
 )
 from ..manifests import CHUNKS
-from .base import RESTAMP_AFTER, Listing, ObjectInfo, Store, check_key, one_line, root_cause
+from .base import RESTAMP_AFTER, Listing, ObjectInfo, PrefixedStore, one_line, root_cause
 
 #: error codes of a missing object
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -81,7 +80,7 @@ def error_code(e: ClientError) -> tuple[str, int]:
     return code, int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
-class S3Store(Store):
+class S3Store(PrefixedStore):
     """Objects under `prefix` in one bucket; one shared, thread-safe boto3 client."""
 
     def __init__(
@@ -123,17 +122,6 @@ class S3Store(Store):
         at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
         return f"s3://{self.bucket}/{self.prefix}{at}"
 
-    def parent(self) -> S3Store | None:
-        if not self.prefix:
-            return None
-        up = copy.copy(self)  # the same client
-        up.prefix = self.prefix[:-1].rpartition("/")[0]
-        up.prefix += "/" if up.prefix else ""
-        up.url = up._url()
-        return up
-
-    def _key(self, key: str) -> str:
-        return self.prefix + check_key(key)
 
     def check_length(self, key: str) -> None:
         size = len(self._key(key).encode("utf-8", "surrogateescape"))
