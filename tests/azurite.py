@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import http.client
 import shutil
-import subprocess
-import threading
-import time
 import uuid
 from pathlib import Path
 
 from azure.storage.blob import ContainerClient
-from seaweed import HOST, _die_with_parent, free_ports
+from emulator import EmulatorProcess
+from seaweed import HOST
 
 #: Azurite's documented development account and key (public, the same everywhere)
 ACCOUNT = "devstoreaccount1"
@@ -31,15 +29,11 @@ def azurite_binary() -> str:
     return found
 
 
-class AzuriteServer:
+class AzuriteServer(EmulatorProcess):
     """One `azurite-blob` process (disk persistence under `workdir`), stopped by pid."""
 
-    def __init__(self, workdir: Path, start_timeout: float = 30.0) -> None:
-        self.workdir = Path(workdir)
-        self.log_path = self.workdir / "azurite.log"
-        self.start_timeout = start_timeout
-        self.port = free_ports(1)[0]
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "Azurite"
+    log_name = "azurite.log"
 
     @property
     def endpoint(self) -> str:
@@ -52,52 +46,20 @@ class AzuriteServer:
                 f"BlobEndpoint={self.endpoint};")
 
     def command(self) -> list[str]:
+        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
         return [
             azurite_binary(), "--blobHost", HOST, "--blobPort", str(self.port),
             "--location", str(self.workdir / "data"), "--skipApiVersionCheck",
             "--disableTelemetry", "--silent", "--loose",
         ]
 
-    def start(self) -> None:
-        """Start Azurite and wait until its blob service answers."""
-        if self.proc is not None:
-            raise RuntimeError("Azurite is already running")
-        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
-        on_main_thread = threading.current_thread() is threading.main_thread()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.workdir, preexec_fn=_die_with_parent if on_main_thread else None,  # noqa: PLW1509
-            )
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"azurite exited with {self.proc.returncode}; see "
-                                   f"{self.log_path}")
-            try:
-                conn = http.client.HTTPConnection(HOST, self.port, timeout=2)
-                conn.request("GET", f"/{ACCOUNT}?comp=list")
-                conn.getresponse().read()  # any HTTP answer: it listens
-                conn.close()
-                return
-            except OSError as e:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"Azurite not ready after {self.start_timeout}s: {e}; "
-                                       f"see {self.log_path}") from e
-                time.sleep(0.1)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the server by pid: SIGTERM, then SIGKILL after `timeout` seconds."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
+    def probe(self) -> None:
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=2)
         try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            conn.request("GET", f"/{ACCOUNT}?comp=list")
+            conn.getresponse().read()  # any HTTP answer: it listens
+        finally:
+            conn.close()
 
     def container_client(self, name: str) -> ContainerClient:
         return ContainerClient.from_connection_string(self.connection_string, name)

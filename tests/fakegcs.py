@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from pathlib import Path
 
-from seaweed import HOST, _die_with_parent, free_ports
+from emulator import EmulatorProcess
+from seaweed import HOST
 
 #: the project every bucket is created in (the emulator ignores it)
 PROJECT = "ckptfs-test"
@@ -34,15 +31,11 @@ def fakegcs_binary() -> str:
         return found
 
 
-class FakeGcsServer:
+class FakeGcsServer(EmulatorProcess):
     """One fake-gcs-server process (memory backend), stopped by pid."""
 
-    def __init__(self, workdir: Path, start_timeout: float = 30.0) -> None:
-        self.workdir = Path(workdir)
-        self.log_path = self.workdir / "fake-gcs.log"
-        self.start_timeout = start_timeout
-        self.port = free_ports(1)[0]
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "fake-gcs-server"
+    log_name = "fake-gcs.log"
 
     @property
     def endpoint(self) -> str:
@@ -55,43 +48,9 @@ class FakeGcsServer:
                 # XML API requests (obstore) are routed by this Host
                 "-public-host", f"{HOST}:{self.port}"]
 
-    def start(self) -> None:
-        """Start the server and wait until it lists buckets."""
-        if self.proc is not None:
-            raise RuntimeError("fake-gcs-server is already running")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        on_main_thread = threading.current_thread() is threading.main_thread()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.workdir, preexec_fn=_die_with_parent if on_main_thread else None,  # noqa: PLW1509
-            )
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited with {self.proc.returncode}; see "
-                                   f"{self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=2):
-                    return
-            except OSError as e:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"fake-gcs-server not ready after {self.start_timeout}s:"
-                                       f" {e}; see {self.log_path}") from e
-                time.sleep(0.1)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the server by pid: SIGTERM, then SIGKILL after `timeout` seconds."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    def probe(self) -> None:
+        with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=2):
+            pass
 
     def _request(self, method: str, path: str, body: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode() if body is not None else None
