@@ -36,7 +36,7 @@ def test_open_store_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     [
         ("/no/such/dir", "store directory does not exist: /no/such/dir"),
         ("file:///no/such/dir", "store directory does not exist: /no/such/dir"),
-        ("gs://bucket", "unsupported store URL"),
+        ("hdfs://namenode/x", "unsupported store URL"),
         ("http://host/x", "unsupported store URL"),
         ("file://relative/path", "absolute path"),
         ("s3://", "names no bucket"),
