@@ -24,9 +24,6 @@ from .store.base import Store
 
 log = logging.getLogger(__name__)
 
-#: keys per delete_many call (S3's DeleteObjects takes at most 1000)
-DELETE_BATCH = 1000
-
 #: why a checkpoint is kept (Checkpoint.reasons)
 NEWEST = "newest"              # one of the newest --keep-last
 EVERY = "every"                # its step is a multiple of --keep-every
@@ -215,8 +212,8 @@ def remove_tree(store: Store, path: str, batch: str | None = None) -> int:
     if batch is not None:
         trash.keep_all(store, sorted(set(keys) | {prefix}), batch)
     for group in _deletion_order(set(keys) | implicit):
-        for i in range(0, len(group), DELETE_BATCH):
-            store.delete_many(group[i:i + DELETE_BATCH])
+        for i in range(0, len(group), trash.DELETE_BATCH):
+            store.delete_many(group[i:i + trash.DELETE_BATCH])
     return len(keys)
 
 

@@ -27,8 +27,6 @@ from .store.base import ObjectInfo, Store
 
 log = logging.getLogger(__name__)
 
-#: --trash-hours by default, in seconds
-DEFAULT_KEEP = 24 * 3600.0
 #: copies to the trash of one batch of deletes at a time
 TRASH_THREADS = 16
 #: keys per delete_many call (S3's DeleteObjects takes at most 1000)
