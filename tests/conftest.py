@@ -11,11 +11,13 @@ this conftest.py), so test modules of every tier import the support modules besi
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from azurite import AzuriteServer
@@ -32,6 +34,18 @@ from ckptfs.store.s3 import S3Store
 # google-auth looks for the GCE metadata server (a link-local address) when it finds no
 # credentials: never from the tests (read when google.auth is first imported)
 os.environ["NO_GCE_CHECK"] = "true"
+
+
+@contextlib.contextmanager
+def running(server: Any) -> Iterator[Any]:
+    """A test server started, and stopped by pid at the end even if the session dies."""
+    atexit.register(server.stop)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        atexit.unregister(server.stop)
 
 
 @pytest.fixture(scope="session")
@@ -51,13 +65,8 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(workdir / "no-aws-credentials"))
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
             mp.delenv(name, raising=False)
-        atexit.register(server.stop)  # in case the session dies before teardown
-        try:
-            server.start()
+        with running(server):
             yield server
-        finally:
-            server.stop()
-            atexit.unregister(server.stop)
 
 
 @pytest.fixture
@@ -82,13 +91,8 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]
             if name.startswith("AZURE_"):
                 mp.delenv(name)
         mp.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string)
-        atexit.register(server.stop)
-        try:
-            server.start()
+        with running(server):
             yield server
-        finally:
-            server.stop()
-            atexit.unregister(server.stop)
 
 
 @pytest.fixture(scope="session")
@@ -103,13 +107,8 @@ def fakegcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcsServer]
             mp.delenv(name, raising=False)
         mp.setenv("CLOUDSDK_CONFIG", str(workdir / "no-gcloud-config"))
         mp.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
-        atexit.register(server.stop)
-        try:
-            server.start()
+        with running(server):
             yield server
-        finally:
-            server.stop()
-            atexit.unregister(server.stop)
 
 
 @pytest.fixture
