@@ -43,7 +43,7 @@ def chunk_hasher() -> Hasher:
     return xxhash.xxh3_128()
 
 
-def encode_chunk(data: Buffer) -> tuple[bytes, int]:
+def encode_chunk(data: Buffer, method: str = "lz4") -> tuple[bytes, int]:
     """Header + payload for `data`, lz4-compressed when that makes it smaller.
 
     Returns (blob, codec id).
@@ -52,7 +52,7 @@ def encode_chunk(data: Buffer) -> tuple[bytes, int]:
     return b"".join(parts), codec
 
 
-def encode_chunk_parts(data: Buffer) -> tuple[list[Buffer], int]:
+def encode_chunk_parts(data: Buffer, method: str = "lz4") -> tuple[list[Buffer], int]:
     """encode_chunk() as [header, payload], the payload of a raw chunk being `data`
     itself (no copy). Returns (parts, codec id)."""
     raw_len = len(data)

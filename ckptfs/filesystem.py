@@ -17,6 +17,7 @@ fsync publishes the buffer as a new manifest (docs/SEMANTICS.md).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -25,9 +26,8 @@ from dataclasses import dataclass, replace
 
 import trio
 
-from . import manifests
+from . import formats, manifests
 from .cache import LocalCache
-from .chunking import FixedChunker
 from .crashpoints import crash_point
 from .errors import (
     CorruptChunkError,
@@ -49,7 +49,7 @@ from .errors import (
 from .fetcher import Fetcher
 from .journal import Op, PendingChunk
 from .listing import Lister
-from .manifests import DirMarker, Manifest
+from .manifests import DirMarker, Manifest, StoreInfo
 from .namespace import ROOT_INODE, DirNode, FileNode, InodeTable, Node
 from .publisher import Publisher
 from .store.base import AsyncStore
@@ -124,14 +124,17 @@ class CheckpointFS:
     """All filesystem operations, in terms of nodes; raises errors.FsError subclasses."""
 
     def __init__(self, store: AsyncStore, cache: LocalCache, uploader: Uploader,
-                 fetcher: Fetcher, publisher: Publisher, chunk_size: int,
+                 fetcher: Fetcher, publisher: Publisher, info: StoreInfo,
                  options: Options) -> None:
         self.store = store
         self.cache = cache
         self.uploader = uploader
         self.fetcher = fetcher
         self.publisher = publisher
-        self.chunker = FixedChunker(chunk_size)
+        self.chunk_size = info.chunk_size
+        self.new_cutter = functools.partial(
+            formats.new_cutter, info.chunk_size, min(info.min_record, info.chunk_size),
+            info.chunking == "records")
         self.opt = options
         self.uid = os.getuid()
         self.gid = os.getgid()
@@ -634,7 +637,7 @@ class CheckpointFS:
         async def locate(chunk_hash: str) -> tuple[int, int]:
             return await self._locate_for(node, chunk_hash)
 
-        return await WriteBuffer.create(self.cache, self.chunker, self.uploader, locate,
+        return await WriteBuffer.create(self.cache, self.new_cutter, self.uploader, locate,
                                         node.lock, self._hash_limiter, base)
 
     async def _buffer(self, node: FileNode) -> WriteBuffer:
@@ -681,7 +684,7 @@ class CheckpointFS:
         assert buf is not None
         version = await buf.seal(fsync)
         m = Manifest(size=version.size, mode=node.mode, mtime_ns=node.mtime_ns,
-                     chunks=version.chunks, chunk_size=self.chunker.chunk_size,
+                     chunks=version.chunks, chunk_size=self.chunk_size,
                      writer=self.opt.writer_id)
         if not node.removed:
             # journal first: if that fails (cache disk full), the buffer stays open and

@@ -9,7 +9,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from . import __version__
@@ -17,7 +17,17 @@ from .chunking import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from .codec import HASH_NAME
 from .errors import FormatError, InvalidKeyError
 
-FORMAT_VERSION = 1
+#: records (manifests, directory markers): unchanged since format 1
+RECORD_VERSION = 1
+#: the store (ckptfs.json): 2 added per-store chunking and codec; a format 1 store is
+#: read and written as format 1 (fixed chunks, lz4) until `ckptfs upgrade`
+FORMAT_VERSION = 2
+#: chunking and codec of each store format: what a store's ckptfs.json may not name
+FORMAT_DEFAULTS = {1: ("fixed", "lz4"), 2: ("records", "zstd4")}
+CHUNKINGS = ("fixed", "records")
+CODECS = ("lz4", "zstd4")
+DEFAULT_MIN_RECORD = 256 * 1024
+MIN_RECORD_RANGE = (4 * 1024, 16 * 1024 * 1024)
 INFO_KEY = "ckptfs.json"
 FILES = "files/"
 CHUNKS = "chunks/"
@@ -126,12 +136,24 @@ class StoreInfo:
     hash: str = HASH_NAME
     created_by: str = f"ckptfs {__version__}"
     created_at: float = field(default_factory=time.time)
+    chunking: str = "records"  # "fixed": every chunk_size bytes; "records": formats.py
+    codec: str = "zstd4"  # how new chunks are compressed (codec.py)
+    # records smaller than this (or than chunk_size) share chunks (formats.py)
+    min_record: int = DEFAULT_MIN_RECORD
 
     def to_json(self) -> bytes:
-        return json.dumps({
-            "format": self.format, "chunk_size": self.chunk_size, "hash": self.hash,
-            "created_by": self.created_by, "created_at": self.created_at,
-        }, indent=1).encode() + b"\n"
+        d: dict[str, object] = {"format": self.format, "chunk_size": self.chunk_size,
+                                "hash": self.hash}
+        if self.format >= 2:
+            d.update(chunking=self.chunking, codec=self.codec, min_record=self.min_record)
+        d.update(created_by=self.created_by, created_at=self.created_at)
+        return json.dumps(d, indent=1).encode() + b"\n"
+
+    def upgraded(self) -> StoreInfo:
+        """This store as the current format: new files chunked and compressed its way
+        (chunks already stored stay as they are: every format reads every codec)."""
+        chunking, codec = FORMAT_DEFAULTS[FORMAT_VERSION]
+        return replace(self, format=FORMAT_VERSION, chunking=chunking, codec=codec)
 
     @classmethod
     def from_json(cls, blob: bytes) -> StoreInfo:
@@ -146,16 +168,33 @@ class StoreInfo:
                 f"({FORMAT_VERSION}); upgrade ckptfs")
         if d.get("hash", HASH_NAME) != HASH_NAME:
             raise FormatError(f"store uses hash {d.get('hash')!r}, ckptfs knows {HASH_NAME}")
+        chunking, codec = FORMAT_DEFAULTS.get(version, FORMAT_DEFAULTS[1])
         try:
+            if version >= 2:  # format 1 had no such fields: fixed chunks and lz4
+                chunking, codec = str(d["chunking"]), str(d["codec"])
             info = cls(chunk_size=int(d["chunk_size"]), format=version, hash=HASH_NAME,
                        created_by=str(d.get("created_by", "")),
-                       created_at=float(d.get("created_at", 0)))
+                       created_at=float(d.get("created_at", 0)), chunking=chunking,
+                       codec=codec, min_record=int(d.get("min_record", DEFAULT_MIN_RECORD)))
         except (ValueError, KeyError, TypeError) as e:
-            raise FormatError(f"{INFO_KEY} is not valid: {e}") from None
-        if not MIN_CHUNK_SIZE <= info.chunk_size <= MAX_CHUNK_SIZE:
-            raise FormatError(f"{INFO_KEY} is not valid: chunk size {info.chunk_size} is not "
-                              f"in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+            raise FormatError(f"{INFO_KEY} is not valid: {e!r}") from None
+        problem = info.problem()
+        if problem:
+            raise FormatError(f"{INFO_KEY} is not valid: {problem}")
         return info
+
+    def problem(self) -> str | None:
+        """What makes these settings unusable, or None."""
+        if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
+            return f"chunk size {self.chunk_size} is not in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]"
+        if self.chunking not in CHUNKINGS:
+            return f"chunking {self.chunking!r} is not one of {', '.join(CHUNKINGS)}"
+        if self.codec not in CODECS:
+            return f"codec {self.codec!r} is not one of {', '.join(CODECS)}"
+        low, high = MIN_RECORD_RANGE
+        if not low <= self.min_record <= high:
+            return f"min_record {self.min_record} is not in [{low}, {high}]"
+        return None
 
 
 @dataclass(frozen=True)
@@ -183,7 +222,7 @@ class Manifest:
         return bisect.bisect_right(offsets, offset) - 1
 
     def to_json(self) -> bytes:
-        d: dict[str, object] = {"v": FORMAT_VERSION, "size": self.size, "mode": self.mode,
+        d: dict[str, object] = {"v": RECORD_VERSION, "size": self.size, "mode": self.mode,
                                 "mtime_ns": self.mtime_ns}
         if self.target is not None:
             d["target"] = self.target
@@ -198,7 +237,7 @@ class Manifest:
         """Parse and validate; FormatError for anything malformed or from a newer format."""
         try:
             d = json.loads(blob)
-            if int(d["v"]) > FORMAT_VERSION:
+            if int(d["v"]) > RECORD_VERSION:
                 raise FormatError(f"manifest format {d['v']} is newer than this ckptfs")
             target = d.get("target")
             chunks = tuple((str(h), int(n)) for h, n in d.get("chunks", ()))
@@ -228,7 +267,7 @@ class DirMarker:
     mtime_ns: int = 0
 
     def to_json(self) -> bytes:
-        return json.dumps({"v": FORMAT_VERSION, "mode": self.mode,
+        return json.dumps({"v": RECORD_VERSION, "mode": self.mode,
                            "mtime_ns": self.mtime_ns}).encode()
 
     @classmethod

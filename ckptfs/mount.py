@@ -32,7 +32,7 @@ import trio
 from . import __version__, manifests, mounts
 from .autoprune import AutoPruner, Policy
 from .cache import LocalCache
-from .chunking import DEFAULT_CHUNK_SIZE, FixedChunker
+from .chunking import DEFAULT_CHUNK_SIZE, check_chunk_size
 from .config import MountConfig, default_cache_dir, trash_seconds
 from .control import ControlServer
 from .crashpoints import crash_point
@@ -78,9 +78,10 @@ def read_store_info(store: Store) -> StoreInfo | None:
         return None
 
 
-def create_store(store: Store, chunk_size: int) -> StoreInfo:
+def create_store(store: Store, chunk_size: int,
+                 min_record: int = manifests.DEFAULT_MIN_RECORD) -> StoreInfo:
     """Initialise a new store: ckptfs.json, then the root directory's marker."""
-    info = StoreInfo(chunk_size=chunk_size)
+    info = StoreInfo(chunk_size=chunk_size, min_record=min_record)
     store.put(manifests.INFO_KEY, info.to_json())
     store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
     return info
@@ -181,7 +182,7 @@ def prepare(cfg: MountConfig) -> Prepared:
         check_storage_class()
     if cfg.chunk_size is not None:
         try:
-            FixedChunker(cfg.chunk_size)
+            check_chunk_size(cfg.chunk_size)
         except ValueError as e:
             raise ConfigError(f"--chunk-size: {e}") from None
     notices: list[Notice] = []
@@ -263,16 +264,16 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
     async def main() -> int:
         journal_limiter = trio.CapacityLimiter(1)
         uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
-                            cfg.uploads_while_writing)
+                            cfg.uploads_while_writing, codec_name=p.info.codec)
         fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
         publisher = Publisher(p.store, p.journal, journal_limiter,
                               f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache,
-                              trash_keep=trash_seconds(cfg.trash_hours))
+                              trash_keep=trash_seconds(cfg.trash_hours), codec_name=p.info.codec)
         meta_limiter = trio.CapacityLimiter(16)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
         sock_path = control_socket_path(cfg.cache_dir)
         fs = CheckpointFS(AsyncStore(p.store, meta_limiter), p.cache, uploader, fetcher,
-                          publisher, p.info.chunk_size, Options(
+                          publisher, p.info, Options(
                               metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
                               readahead_chunks=cfg.readahead_chunks,
                               prefetch_whole_file_max=min(2 << 30, cfg.cache_size // 4),

@@ -90,8 +90,10 @@ class Publisher:
 
     def __init__(self, store: Store, journal: Journal,
                  journal_limiter: trio.CapacityLimiter, node_id: str = "",
-                 cache: LocalCache | None = None, trash_keep: float = 0.0) -> None:
+                 cache: LocalCache | None = None, trash_keep: float = 0.0,
+                 codec_name: str = "lz4") -> None:
         self.store: Store = RetryingStore(store)  # type: ignore[assignment]
+        self.codec_name = codec_name  # for chunks PUT again from a staging file
         self.node_id = node_id or "node"
         self.trash_keep = trash_keep  # seconds deleted manifests stay in trash/ (0: none)
         self.journal = journal
@@ -339,7 +341,7 @@ class Publisher:
                 log.warning("cannot read staging file (fd %d): %s", fd, e)
                 return False
             if len(data) == length and codec.chunk_hash(data) == chunk_hash:
-                parts, _ = codec.encode_chunk_parts(data)
+                parts, _ = codec.encode_chunk_parts(data, self.codec_name)
                 self.store.put_parts(manifests.chunk_key(chunk_hash), parts)
                 return True
         return False

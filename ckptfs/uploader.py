@@ -172,8 +172,9 @@ class Uploader:
     def __init__(self, store: Store, cache: LocalCache, journal: Journal,
                  journal_limiter: trio.CapacityLimiter, workers: int = 8,
                  overlap_workers: int | None = None, rate_window: float = RATE_WINDOW,
-                 confirm_window: float = CONFIRM_WINDOW) -> None:
+                 confirm_window: float = CONFIRM_WINDOW, codec_name: str = "lz4") -> None:
         self.store = store
+        self.codec_name = codec_name  # how new chunks are compressed: the store's codec
         self.cache = cache
         self.journal = journal
         self.journal_limiter = journal_limiter
@@ -470,7 +471,7 @@ class Uploader:
                             seen=other.started)
         try:
             key = manifests.chunk_key(chunk_hash)
-            parts, _ = codec.encode_chunk_parts(data)
+            parts, _ = codec.encode_chunk_parts(data, self.codec_name)
             size = sum(len(p) for p in parts)
             # an object of another size is not this chunk: a PUT torn by a crash can leave
             # an empty one on some servers (SeaweedFS), so it is written again

@@ -40,11 +40,12 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
     cache = LocalCache(str(root / "cache"), cache_size)
     cache.scan(keep_staging=journal.staging_in_use())
     journal_limiter = trio.CapacityLimiter(1)
-    uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads)
+    uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads,
+                        codec_name=info.codec)
     fetcher = Fetcher(store, cache, workers=2, missing_timeout=1.0)
     publisher = Publisher(store, journal, journal_limiter, "node-a", cache)
     fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
-                      publisher, info.chunk_size,
+                      publisher, info,
                       Options(writer_id="node-a", publish_timeout=10.0 if publish else 0.0))
     try:
         await uploader.resume(journal.pending_chunks())

@@ -92,7 +92,7 @@ def test_manifest_rejects(blob: bytes) -> None:
 
 def test_manifest_newer_version_message() -> None:
     with pytest.raises(FormatError, match="newer"):
-        Manifest.from_json(_manifest_dict(v=manifests.FORMAT_VERSION + 1))
+        Manifest.from_json(_manifest_dict(v=manifests.RECORD_VERSION + 1))
 
 
 def test_store_info_roundtrip_and_checks() -> None:
