@@ -67,6 +67,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
         cache_size=parse_size(a.cache_size, "--cache-size"),
         endpoint_url=a.endpoint_url or default_endpoint(a.store), region=a.region,
         chunk_size=None if a.chunk_size is None else parse_size(a.chunk_size, "--chunk-size"),
+        min_record=None if a.min_record is None else parse_size(a.min_record, "--min-record"),
         upload_threads=a.upload_threads, fetch_threads=a.fetch_threads,
         uploads_while_writing=a.uploads_while_writing,
         metadata_ttl=a.metadata_ttl, missing_chunk_timeout=a.missing_chunk_timeout,
@@ -599,8 +600,9 @@ def cmd_fsck(a: argparse.Namespace) -> int:
         print(json.dumps(r.to_dict(), indent=1))
         return 0 if r.clean else 1
     if r.info is not None:
-        print(f"store        {r.url}: format {r.info.format}, chunk size "
-              f"{human(r.info.chunk_size)}, created by {r.info.created_by}")
+        from .cli_upgrade import describe
+
+        print(f"store        {r.url}: {describe(r.info)}; created by {r.info.created_by}")
     else:
         print(f"ERROR        {r.info_error}")
     for p in r.problems:
@@ -909,8 +911,13 @@ def parser() -> argparse.ArgumentParser:
                    "writers wait when this much data is not yet uploaded (default 16G)")
     m.add_argument("--endpoint-url", help=ENDPOINT_HELP)
     m.add_argument("--region", help="S3 region (default: the AWS config chain)")
-    m.add_argument("--chunk-size", help="chunk size of a NEW store (default 16M); an "
-                   "existing store keeps its own (a warning says so when they differ)")
+    m.add_argument("--chunk-size", help="chunk size of a NEW store (default 16M): the "
+                   "largest chunk; an existing store keeps its own (a warning says so when "
+                   "they differ)")
+    m.add_argument("--min-record", help="for a NEW store: tensors (records) of this size "
+                   "or more get chunks of their own, smaller ones share chunks with their "
+                   "neighbours (default 256K, at most the chunk size); an existing store "
+                   "keeps its own")
     m.add_argument("--storage-class", metavar="CLASS",
                    help="S3 storage class of chunk objects, e.g. STANDARD_IA or "
                    "INTELLIGENT_TIERING (default: the bucket's); manifests stay in the "
@@ -969,9 +976,11 @@ def parser() -> argparse.ArgumentParser:
     y.set_defaults(func=cmd_sync)
     add_store_tools(sub)
     add_prune_parser(sub)
-    from .cli_trash import add_trash_parser  # it imports this module's helpers
+    from .cli_trash import add_trash_parser  # they import this module's helpers
+    from .cli_upgrade import add_upgrade_parser
 
     add_trash_parser(sub)
+    add_upgrade_parser(sub)
     return p
 
 

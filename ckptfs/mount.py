@@ -185,6 +185,9 @@ def prepare(cfg: MountConfig) -> Prepared:
             check_chunk_size(cfg.chunk_size)
         except ValueError as e:
             raise ConfigError(f"--chunk-size: {e}") from None
+    low, high = manifests.MIN_RECORD_RANGE
+    if cfg.min_record is not None and not low <= cfg.min_record <= high:
+        raise ConfigError(f"--min-record must be in [{size_text(low)}, {size_text(high)}]")
     notices: list[Notice] = []
     info = read_store_info(store)
     if info is None:  # a new store: created last, once nothing else can refuse the mount
@@ -196,6 +199,16 @@ def prepare(cfg: MountConfig) -> Prepared:
             notices.append(Notice(logging.WARNING, (
                 f"--chunk-size {size_text(cfg.chunk_size)} is ignored: the store at "
                 f"{store.url} exists and has chunk size {size_text(info.chunk_size)}")))
+        if cfg.min_record is not None and cfg.min_record != info.min_record:
+            notices.append(Notice(logging.WARNING, (
+                f"--min-record {size_text(cfg.min_record)} is ignored: the store at "
+                f"{store.url} exists and has min record {size_text(info.min_record)}")))
+        if info.format < manifests.FORMAT_VERSION:
+            notices.append(Notice(logging.INFO, (
+                f"the store at {store.url} is format {info.format} (fixed chunks, lz4) and "
+                f"stays so: ckptfs upgrade {store.url} --yes moves it to format "
+                f"{manifests.FORMAT_VERSION} (chunks cut at tensor boundaries, zstd4), "
+                f"once every node runs this ckptfs")))
     if cfg.keep_last == 1:
         notices.append(Notice(logging.WARNING, (
             "--keep-last 1: while a save is in progress, the checkpoint being written can "
@@ -222,7 +235,7 @@ def prepare(cfg: MountConfig) -> Prepared:
         raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
                           "use another --cache-dir")
     if info is None:
-        info = create_store(store, chunk_size)
+        info = create_store(store, chunk_size, cfg.min_record or manifests.DEFAULT_MIN_RECORD)
         notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
                                             f"(chunk size {size_text(chunk_size)})"))
     if known is None:
