@@ -120,10 +120,9 @@ class _Zstd(threading.local):
 _zstd = _Zstd()
 
 
-def _zstd4(data: Buffer, compressor: zstandard.ZstdCompressor | None = None) -> bytes:
-    """The zstd4 payload of `data` (module docstring), with this thread's ZSTD_PARAMS
-    compressor unless another is given (scripts/bench_codec.py compares settings)."""
-    zc = compressor or _zstd.compressor
+def _zstd4(data: Buffer) -> bytes:
+    """The zstd4 payload of `data` (module docstring)."""
+    zc = _zstd.compressor
     words = len(data) // 4
     grouped = np.ascontiguousarray(np.frombuffer(data, np.uint8, words * 4).reshape(-1, 4).T)
     planes: list[Buffer] = []
