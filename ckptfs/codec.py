@@ -21,8 +21,8 @@ compressed on its own with zstd (ZSTD_PARAMS), then the L % 4 tail bytes:
                   its header, that decodes to W bytes
     ...     L%4   the tail bytes, unchanged
 
-A plane that zstd does not make 3% smaller (mantissa bytes) is stored raw, so decoding
-skips it and encoding costs one zstd pass over the compressible planes only.
+A plane that zstd does not make 3% smaller (the mantissa bytes) is stored raw: decoding
+only copies it back into place, and zstd itself passes quickly over such bytes.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def _lz4(data: Buffer) -> bytes:
 
 
 class _Zstd(threading.local):
-    """Each thread's own zstd contexts (a context is not thread-safe; making one per
-    chunk would cost more than compressing the exponent plane of a small chunk)."""
+    """Each thread's own zstd contexts: a context serves one call at a time, and upload
+    and fetch threads encode and decode chunks at once."""
 
     def __init__(self) -> None:
         self.compressor = zstandard.ZstdCompressor(compression_params=ZSTD_PARAMS)
