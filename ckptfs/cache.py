@@ -286,7 +286,7 @@ class LocalCache:
     def _chunk_path(self, chunk_hash: str) -> str:
         return os.path.join(self.chunks_dir, chunk_hash[:2], chunk_hash)
 
-    def put_fetched(self, chunk_hash: str, data: bytes | memoryview) -> None:
+    def put_fetched(self, chunk_hash: str, data: codec.Buffer) -> None:
         """Store a verified chunk in the read cache (atomically: temp file + rename)."""
         path = self._chunk_path(chunk_hash)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)

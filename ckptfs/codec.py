@@ -1,21 +1,40 @@
-"""Chunk encoding: the content name (xxh3-128), the chunk header, and lz4 compression.
+"""Chunk encoding: the content name (xxh3-128), the chunk header, and compression.
 
-This is the only module that imports lz4 and the only one that knows the chunk layout:
+This is the only module that imports lz4 or zstandard, and the only one that knows the
+chunk layout:
 
     offset  size  field
     0       4     magic b"CKC1"
-    4       1     codec id (0 = raw, 1 = lz4 block)
+    4       1     codec id (0 = raw, 1 = lz4 block, 2 = zstd4)
     5       3     reserved, zero
-    8       8     raw (uncompressed) length, little-endian unsigned
+    8       8     raw (uncompressed) length L, little-endian unsigned
     16      ...   payload
+
+The zstd4 payload holds the chunk's W = L // 4 four-byte words split into 4 byte planes
+(plane k: byte k of every word; the exponent bytes of float weights are low-entropy), each
+compressed on its own with zstd (ZSTD_PARAMS), then the L % 4 tail bytes:
+
+    offset  size  field
+    0       16    stored size of planes 0..3, each 4 bytes little-endian unsigned
+    16      ...   planes 0..3 one after the other: a plane of stored size W is its raw
+                  bytes, a smaller one is one zstd frame, with the content size in
+                  its header, that decodes to W bytes
+    ...     L%4   the tail bytes, unchanged
+
+A plane that zstd does not make 3% smaller (the mantissa bytes) is stored raw: decoding
+only copies it back into place, and zstd itself passes quickly over such bytes.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
+from collections.abc import Callable
 
 import lz4.block
+import numpy as np
 import xxhash
+import zstandard
 
 from .chunking import MAX_CHUNK_SIZE
 from .errors import CorruptChunkError
@@ -23,10 +42,19 @@ from .errors import CorruptChunkError
 MAGIC = b"CKC1"
 CODEC_RAW = 0
 CODEC_LZ4 = 1
-CODEC_NAMES = {CODEC_RAW: "raw", CODEC_LZ4: "lz4"}
+CODEC_ZSTD4 = 2
+CODEC_NAMES = {CODEC_RAW: "raw", CODEC_LZ4: "lz4", CODEC_ZSTD4: "zstd4"}
+#: the methods a store can compress its chunks with (encode_chunk's `method`)
+CODECS = ("lz4", "zstd4")
 _HEADER = struct.Struct("<4sB3xQ")
 HEADER_SIZE = _HEADER.size  # 16
 HASH_NAME = "xxh3-128"
+#: zstd level 1 with a 256-entry match table instead of 32K: the exponent planes of
+#: weights and optimizer moments are near-random bytes of low entropy, where zstd's Huffman
+#: literals do the work and the short matches that a big table finds only cost time; this
+#: compresses those planes ~2x faster and ~7% smaller (scripts/bench_codec.py)
+ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(1, hash_log=8)
+_PLANES = struct.Struct("<4I")
 
 Buffer = bytes | bytearray | memoryview
 Hasher = xxhash.xxh3_128
@@ -44,59 +72,103 @@ def chunk_hasher() -> Hasher:
 
 
 def encode_chunk(data: Buffer, method: str = "lz4") -> tuple[bytes, int]:
-    """Header + payload for `data`, lz4-compressed when that makes it smaller.
+    """Header + payload for `data`, compressed with `method` (one of CODECS) when that
+    makes it at least 3% smaller, else raw. The same bytes always give the same blob.
 
     Returns (blob, codec id).
     """
-    parts, codec = encode_chunk_parts(data)
+    parts, codec = encode_chunk_parts(data, method)
     return b"".join(parts), codec
 
 
 def encode_chunk_parts(data: Buffer, method: str = "lz4") -> tuple[list[Buffer], int]:
     """encode_chunk() as [header, payload], the payload of a raw chunk being `data`
     itself (no copy). Returns (parts, codec id)."""
+    if method == "lz4":
+        codec, compress = CODEC_LZ4, _lz4
+    elif method == "zstd4":
+        codec, compress = CODEC_ZSTD4, _zstd4
+    else:
+        raise ValueError(f"unknown chunk codec {method!r} (one of {', '.join(CODECS)})")
     raw_len = len(data)
-    if raw_len and _worth_compressing(data):
-        compressed = lz4.block.compress(data, store_size=False)
-        if len(compressed) < raw_len:
-            return [_HEADER.pack(MAGIC, CODEC_LZ4, raw_len), compressed], CODEC_LZ4
+    if raw_len and _worth_compressing(data, compress):
+        payload = compress(data)
+        if _saves(len(payload), raw_len):
+            return [_HEADER.pack(MAGIC, codec, raw_len), payload], codec
     return [_HEADER.pack(MAGIC, CODEC_RAW, raw_len), data], CODEC_RAW
 
 
-SAMPLE = 64 * 1024
+def _saves(stored: int, raw: int) -> bool:
+    """Whether `stored` bytes are at least 3% fewer than `raw`: less is not worth decoding."""
+    return stored * 100 <= raw * 97
+
+
+def _lz4(data: Buffer) -> bytes:
+    block: bytes = lz4.block.compress(data, store_size=False)
+    return block
+
+
+class _Zstd(threading.local):
+    """Each thread's own zstd contexts: a context serves one call at a time, and upload
+    and fetch threads encode and decode chunks at once."""
+
+    def __init__(self) -> None:
+        self.compressor = zstandard.ZstdCompressor(compression_params=ZSTD_PARAMS)
+        self.decompressor = zstandard.ZstdDecompressor()
+
+
+_zstd = _Zstd()
+
+
+def _zstd4(data: Buffer) -> bytes:
+    """The zstd4 payload of `data` (module docstring)."""
+    zc = _zstd.compressor
+    words = len(data) // 4
+    grouped = np.ascontiguousarray(np.frombuffer(data, np.uint8, words * 4).reshape(-1, 4).T)
+    planes: list[Buffer] = []
+    for plane in grouped:
+        raw = memoryview(plane)
+        frame = zc.compress(raw)
+        planes.append(frame if _saves(len(frame), words) else raw)
+    tail = memoryview(data)[words * 4:]
+    return b"".join([_PLANES.pack(*map(len, planes)), *planes, tail])
+
+
+SAMPLE = 64 * 1024  # a multiple of 4: zstd4 samples must be whole words
 SAMPLES = 4
 
 
-def _worth_compressing(data: Buffer) -> bool:
-    """Whether lz4 is likely to shrink `data`, judged on a few small samples.
+def _worth_compressing(data: Buffer, compress: Callable[[Buffer], bytes]) -> bool:
+    """Whether `compress` is likely to make `data` 3% smaller, judged on a few samples.
 
-    Weights and optimizer moments do not compress with plain lz4 (docs/PERFORMANCE.md);
-    trying costs CPU on every chunk, so only chunks whose samples shrink by 3% are tried.
+    Random bytes, and weights and optimizer moments for lz4 (docs/PERFORMANCE.md), do not
+    compress; trying costs CPU on every chunk, so only chunks whose samples shrink are
+    tried. Samples start at multiples of 4, so zstd4 sees the words of the chunk.
     """
     n = len(data)
     if n <= SAMPLE * SAMPLES:
         return True
     view = memoryview(data)
-    step = (n - SAMPLE) // (SAMPLES - 1)
-    sampled = sum(len(lz4.block.compress(view[i * step:i * step + SAMPLE], store_size=False))
-                  for i in range(SAMPLES))
-    return sampled < 0.97 * SAMPLE * SAMPLES
+    step = (n - SAMPLE) // (SAMPLES - 1) // 4 * 4
+    sampled = sum(len(compress(view[i * step:i * step + SAMPLE])) for i in range(SAMPLES))
+    return _saves(sampled, SAMPLE * SAMPLES)
 
 
-def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes | memoryview:
+def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> Buffer:
     """The raw bytes of an encoded chunk; CorruptChunkError if anything does not match.
 
-    A raw (uncompressed) chunk comes back as a view into `blob`, without a copy.
+    A raw (uncompressed) chunk comes back as a view into `blob`, without a copy; a
+    decoded one as bytes or bytearray, never a memoryview.
     """
     if len(blob) < HEADER_SIZE:
         raise CorruptChunkError(f"chunk shorter than its header ({len(blob)} bytes)")
     magic, codec, raw_len = _HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise CorruptChunkError("bad chunk magic")
-    if raw_len > MAX_CHUNK_SIZE:  # a damaged header must not make lz4 allocate (or overflow)
+    if raw_len > MAX_CHUNK_SIZE:  # a damaged header must not make a decoder allocate
         raise CorruptChunkError(f"chunk header length {raw_len} exceeds {MAX_CHUNK_SIZE}")
     payload = memoryview(blob)[HEADER_SIZE:]
-    data: bytes | memoryview
+    data: Buffer
     if codec == CODEC_RAW:
         data = payload
     elif codec == CODEC_LZ4:
@@ -104,6 +176,8 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes | memo
             data = lz4.block.decompress(payload, uncompressed_size=raw_len)
         except lz4.block.LZ4BlockError as e:
             raise CorruptChunkError(f"lz4 payload does not decode: {e}") from None
+    elif codec == CODEC_ZSTD4:
+        data = _unzstd4(payload, raw_len)
     else:
         raise CorruptChunkError(f"unknown chunk codec id {codec}")
     if len(data) != raw_len:
@@ -111,3 +185,39 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> bytes | memo
     if expected_hash is not None and chunk_hash(data) != expected_hash:
         raise CorruptChunkError("content does not match the chunk's name")
     return data
+
+
+def _unzstd4(payload: memoryview, raw_len: int) -> bytearray:
+    """The `raw_len` bytes of a zstd4 payload (module docstring)."""
+    words = raw_len // 4
+    if len(payload) < _PLANES.size:
+        raise CorruptChunkError(f"zstd4 payload of {len(payload)} bytes has no plane sizes")
+    sizes = _PLANES.unpack_from(payload)
+    if max(sizes) > words or _PLANES.size + sum(sizes) + raw_len % 4 != len(payload):
+        raise CorruptChunkError(f"zstd4 plane sizes {sizes} do not fit a payload of "
+                                f"{len(payload)} bytes for {raw_len} raw bytes")
+    out = bytearray(raw_len)
+    grid = np.frombuffer(out, np.uint8, words * 4).reshape(-1, 4)
+    start = _PLANES.size
+    for k, size in enumerate(sizes):
+        stored = payload[start:start + size]
+        start += size
+        plane = stored if size == words else _unzstd_plane(stored, words, k)
+        grid[:, k] = np.frombuffer(plane, np.uint8)
+    out[words * 4:] = payload[start:]
+    return out
+
+
+def _unzstd_plane(frame: memoryview, words: int, k: int) -> bytes:
+    """The `words` bytes of zstd4 plane `k` from its zstd frame."""
+    try:
+        # checked first: the frame header's size is what zstd would allocate
+        if zstandard.frame_content_size(frame) != words:
+            raise CorruptChunkError(f"zstd4 plane {k}: frame is not of {words} bytes")
+        plane = _zstd.decompressor.decompress(frame, max_output_size=words,
+                                              allow_extra_data=False)
+    except zstandard.ZstdError as e:
+        raise CorruptChunkError(f"zstd4 plane {k} does not decode: {e}") from None
+    if len(plane) != words:
+        raise CorruptChunkError(f"zstd4 plane {k} decodes to {len(plane)} bytes, not {words}")
+    return plane

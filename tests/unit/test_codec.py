@@ -1,11 +1,14 @@
-"""codec: chunk names (xxh3-128) and the chunk encoding (header, raw or lz4)."""
+"""codec: chunk names (xxh3-128) and the chunk encoding (header, raw, lz4 or zstd4)."""
 
 from __future__ import annotations
 
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
+import torch
 import xxhash
 
 from ckptfs import codec
@@ -71,9 +74,12 @@ def _corrupt(blob: bytes, at: int, value: int) -> bytes:
     return bytes(b)
 
 
-@pytest.mark.parametrize("data", [b"a" * 5000, os.urandom(5000)], ids=["lz4", "raw"])
-def test_codec_rejects_corruption(data: bytes) -> None:
-    blob, _ = codec.encode_chunk(data)
+@pytest.mark.parametrize(("method", "data"), [
+    ("lz4", b"a" * 5000), ("lz4", os.urandom(5000)),
+    ("zstd4", b"a" * 5000), ("zstd4", b"ab" * 2501), ("zstd4", os.urandom(5000)),
+], ids=["lz4", "raw", "zstd4", "zstd4-tail", "zstd4-raw"])
+def test_codec_rejects_corruption(method: str, data: bytes) -> None:
+    blob, _ = codec.encode_chunk(data, method)
     h = codec.chunk_hash(data)
     bad = {
         "bad magic": b"XKC1" + blob[4:],
@@ -98,9 +104,149 @@ def test_codec_rejects_corruption(data: bytes) -> None:
     assert codec.decode_chunk(blob, h) == data
 
 
+@pytest.mark.parametrize("method", codec.CODECS)
 @pytest.mark.parametrize("raw_len", [2**31, 2**62, 2**64 - 1])
-def test_codec_absurd_header_length_is_corruption(raw_len: int) -> None:
+def test_codec_absurd_header_length_is_corruption(raw_len: int, method: str) -> None:
     """A flipped bit in the length must not become OverflowError/MemoryError."""
-    blob, _ = codec.encode_chunk(b"a" * 5000)
+    blob, _ = codec.encode_chunk(b"a" * 5000, method)
     with pytest.raises(CorruptChunkError):
         codec.decode_chunk(blob[:8] + struct.pack("<Q", raw_len) + blob[16:])
+
+
+# -- zstd4: byte planes of 4-byte words, each zstd-compressed -----------------------------
+
+def _fp32_weights(n: int, seed: int = 0) -> torch.Tensor:
+    """Freshly initialized weights: normal, std 0.02 (as in GPT-style models)."""
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 0.02
+
+
+def _trained_weights() -> torch.Tensor:
+    """The weights of a small MLP after a few AdamW steps on a regression task."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 256))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randn(64, 256)
+    for _ in range(5):
+        opt.zero_grad()
+        torch.autograd.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _as_bytes(t: torch.Tensor) -> bytes:
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return bytes(t.numpy().tobytes())
+
+
+def _zstd4_blob(data: bytes) -> bytes:
+    """A codec-2 chunk of `data`, even where encode_chunk would store it raw."""
+    return (codec.MAGIC + bytes([codec.CODEC_ZSTD4, 0, 0, 0]) + struct.pack("<Q", len(data))
+            + codec._zstd4(data))
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 4 * 1000 + 3, 3 * 1024 * 1024 + 3])
+def test_zstd4_round_trip(n: int) -> None:
+    weights = _as_bytes(_fp32_weights(n // 4 + 1))[:n]
+    for data in (weights, b"\0" * n, bytes(range(256)) * (n // 256) + bytes(n % 256)):
+        blob = _zstd4_blob(data)
+        assert codec.decode_chunk(blob, codec.chunk_hash(data)) == data
+        blob, cid = codec.encode_chunk(data, "zstd4")
+        assert cid in (codec.CODEC_RAW, codec.CODEC_ZSTD4)
+        assert len(blob) <= codec.HEADER_SIZE + n
+        assert codec.decode_chunk(blob, codec.chunk_hash(data)) == data
+    if n > 4096:
+        assert codec.encode_chunk(b"\0" * n, "zstd4")[1] == codec.CODEC_ZSTD4
+        assert codec.encode_chunk(weights, "zstd4")[1] == codec.CODEC_ZSTD4
+
+
+@pytest.mark.parametrize(("dtype", "limit"), [(torch.float32, 0.85), (torch.bfloat16, 0.75)])
+@pytest.mark.parametrize("kind", ["init", "trained"])
+def test_zstd4_compresses_weights(kind: str, dtype: torch.dtype, limit: float) -> None:
+    weights = _fp32_weights(1 << 20) if kind == "init" else _trained_weights()
+    data = _as_bytes(weights.to(dtype))
+    blob, cid = codec.encode_chunk(data, "zstd4")
+    assert cid == codec.CODEC_ZSTD4
+    assert blob[4] == codec.CODEC_ZSTD4
+    assert len(blob) < limit * len(data)
+    assert codec.decode_chunk(blob, codec.chunk_hash(data)) == data
+    # plain lz4 does not compress weights: such chunks stay raw with codec "lz4"
+    assert codec.encode_chunk(data)[1] == codec.CODEC_RAW
+
+
+@pytest.mark.parametrize("n", [5000, 4 * 1024 * 1024 + 1])
+def test_zstd4_random_bytes_stay_raw_without_copy(n: int) -> None:
+    data = os.urandom(n)
+    parts, cid = codec.encode_chunk_parts(data, "zstd4")
+    assert cid == codec.CODEC_RAW
+    assert parts[1] is data
+    blob = b"".join(parts)
+    decoded = codec.decode_chunk(blob, codec.chunk_hash(data))
+    assert isinstance(decoded, memoryview) and decoded == data
+
+
+def test_zstd4_payload_layout() -> None:
+    """Mantissa planes stay raw, exponent planes are zstd frames, the tail is appended."""
+    data = _as_bytes(_fp32_weights(100_000)) + b"xyz"
+    payload = codec.encode_chunk(data, "zstd4")[0][codec.HEADER_SIZE:]
+    sizes = struct.unpack_from("<4I", payload)
+    assert sizes[:3] == (100_000,) * 3 and sizes[3] < 50_000
+    words = np.frombuffer(data, np.uint8, 400_000).reshape(-1, 4)
+    assert payload[16:16 + 100_000] == words[:, 0].tobytes()
+    assert payload[16 + 300_000:16 + 300_000 + 4] == b"\x28\xb5\x2f\xfd"  # zstd magic
+    assert payload[-3:] == b"xyz" and len(payload) == 16 + sum(sizes) + 3
+
+
+def test_zstd4_rejects_damaged_planes() -> None:
+    data = _as_bytes(_fp32_weights(10_000)) + b"t"
+    blob = codec.encode_chunk(data, "zstd4")[0]
+    sizes = list(struct.unpack_from("<4I", blob, 16))
+    frame = 16 + 16 + sum(sizes[:3])  # plane 3's frame, in the blob
+
+    def with_sizes(*new: int) -> bytes:
+        return blob[:16] + struct.pack("<4I", *new) + blob[32:]
+
+    bad = {
+        "no plane sizes": blob[:16 + 10],
+        "sizes too short": with_sizes(sizes[0], sizes[1], sizes[2], sizes[3] - 1),
+        "size above the words": with_sizes(10_001, sizes[1], sizes[2] - 1, sizes[3]),
+        "raw plane read as frame": with_sizes(sizes[0] - 1, sizes[1], sizes[2], sizes[3] + 1),
+        "frame magic": _corrupt(blob, frame, 0),
+        "frame content size": _corrupt(blob, frame + 5, blob[frame + 5] ^ 0x01),
+        "frame body": _corrupt(blob, frame + 40, blob[frame + 40] ^ 0xFF),
+        "tail byte": _corrupt(blob, len(blob) - 1, ord("u")),
+    }
+    for what, b in bad.items():
+        with pytest.raises(CorruptChunkError):
+            codec.decode_chunk(b, codec.chunk_hash(data))
+            pytest.fail(f"{what}: decoded")
+    with pytest.raises(CorruptChunkError, match="plane sizes"):
+        codec.decode_chunk(bad["sizes too short"])
+    with pytest.raises(CorruptChunkError, match="plane 3"):
+        codec.decode_chunk(bad["frame magic"])
+    with pytest.raises(CorruptChunkError, match="plane 0"):
+        codec.decode_chunk(bad["raw plane read as frame"])
+
+
+def test_zstd4_is_deterministic_across_threads() -> None:
+    """The same bytes give the same blob in every thread (the store compares sizes)."""
+    chunks = [_as_bytes(_fp32_weights(300_000, seed)) for seed in range(4)]
+    chunks += [_as_bytes(_fp32_weights(300_000, seed).to(torch.bfloat16)) for seed in range(2)]
+    expected = [codec.encode_chunk(c, "zstd4")[0] for c in chunks]
+    jobs = [i % len(chunks) for i in range(4 * len(chunks))]
+
+    def encode(i: int) -> bytes:
+        return b"".join(codec.encode_chunk_parts(chunks[i], "zstd4")[0])
+
+    with ThreadPoolExecutor(4) as pool:
+        blobs = list(pool.map(encode, jobs))
+    assert blobs == [expected[i] for i in jobs]
+
+
+@pytest.mark.parametrize("method", ["zstd", "LZ4", "", "raw"])
+def test_unknown_method_is_an_error(method: str) -> None:
+    with pytest.raises(ValueError, match="lz4, zstd4"):
+        codec.encode_chunk(b"data", method)
+    with pytest.raises(ValueError):
+        codec.encode_chunk_parts(b"", method)
