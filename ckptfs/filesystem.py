@@ -54,7 +54,7 @@ from .namespace import ROOT_INODE, DirNode, FileNode, InodeTable, Node
 from .publisher import Publisher
 from .store.base import AsyncStore
 from .uploader import Uploader
-from .writebuffer import WriteBuffer
+from .writebuffer import NewCutter, WriteBuffer
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class CheckpointFS:
         self.fetcher = fetcher
         self.publisher = publisher
         self.chunk_size = info.chunk_size
-        self.new_cutter = functools.partial(
+        self.new_cutter: NewCutter = functools.partial(
             formats.new_cutter, info.chunk_size, min(info.min_record, info.chunk_size),
             info.chunking == "records")
         self.opt = options

@@ -14,7 +14,7 @@ from itertools import accumulate
 
 from . import __version__
 from .chunking import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
-from .codec import HASH_NAME
+from .codec import CODECS, HASH_NAME
 from .errors import FormatError, InvalidKeyError
 
 #: records (manifests, directory markers): unchanged since format 1
@@ -25,7 +25,6 @@ FORMAT_VERSION = 2
 #: chunking and codec of each store format: what a store's ckptfs.json may not name
 FORMAT_DEFAULTS = {1: ("fixed", "lz4"), 2: ("records", "zstd4")}
 CHUNKINGS = ("fixed", "records")
-CODECS = ("lz4", "zstd4")
 DEFAULT_MIN_RECORD = 256 * 1024
 MIN_RECORD_RANGE = (4 * 1024, 16 * 1024 * 1024)
 INFO_KEY = "ckptfs.json"
