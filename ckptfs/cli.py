@@ -643,10 +643,15 @@ def format_du(r: UsageReport, t: Target) -> list[str]:
     rows = [(t.show(d.path), d) for d in r.dirs] + [(f"{t.show(r.path)} (all)", r.total)]
     width = max(len("directory"), *(len(name) for name, _ in rows))
     lines = [f"{'directory':<{width}}  {'files':>7}  {'logical':>10}  {'referenced':>10}  "
-             f"{'unique':>10}"]
+             f"{'unique':>10}  {'dedup':>6}  {'compr':>6}"]
+
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}x"
+
     for name, d in rows:
         lines.append(f"{name:<{width}}  {d.files:>7}  {human(d.logical_bytes):>10}  "
-                     f"{human(d.referenced.bytes):>10}  {human(d.unique.bytes):>10}")
+                     f"{human(d.referenced.bytes):>10}  {human(d.unique.bytes):>10}  "
+                     f"{ratio(d.dedup_ratio):>6}  {ratio(d.compression_ratio):>6}")
     fossils = (f", {r.fossils.count} of them fossils ({human(r.fossils.bytes)})"
                if r.fossils.count else "")
     lines.append(f"store        {r.url}: {r.stored.count} chunk objects "
@@ -687,7 +692,10 @@ def add_du_parser(sub: Any) -> None:
         "and for PATH as a whole: the number of files, logical bytes (the sum of the file "
         "sizes), referenced bytes (the stored size of the distinct chunks its files name, "
         "as compressed in the store) and unique bytes (those of the chunks that nothing "
-        "else names: what deleting the directory lets gc free). Then the store's totals: "
+        "else names: what deleting the directory lets gc free), and two ratios: dedup "
+        "(logical bytes / bytes of the distinct chunks: what identical tensors across "
+        "steps, ranks and files save) and compr (those bytes / their stored size: what "
+        "compression saves). Then the store's totals: "
         "every chunk object (fossils included) and the unreferenced ones, which ckptfs gc "
         "frees once they are older than its grace. Reads every manifest of the store and "
         "lists chunks/ and fossils/; changes nothing. Exit 0, or 2 with one line when it "

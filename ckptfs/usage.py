@@ -1,5 +1,6 @@
 """Space used by the checkpoint directories of a store (`ckptfs du`): logical bytes,
-stored bytes referenced, bytes unique to each directory, and what gc would free.
+stored bytes referenced, bytes unique to each directory, what deduplication and
+compression save, and what gc would free.
 
 One run:
 
@@ -11,7 +12,9 @@ One run:
    store. Each chunk gets one small number saying who names it: one directory only
    (which), several directories under PATH, only files outside PATH, or both. A
    directory's referenced bytes come from a set of its distinct chunks, dropped once the
-   directory is read.
+   directory is read. Manifests give each chunk's length before compression, so the
+   dedup ratio (logical bytes / distinct chunk bytes) and the compression ratio
+   (distinct chunk bytes / stored bytes) need no chunk to be read.
 3. Sums: a directory's unique bytes are the stored sizes of the chunks that it alone
    names (what deleting it would let gc free); PATH's are those named by nothing
    outside PATH; unreferenced bytes are the chunk objects and fossils that no manifest
@@ -46,13 +49,27 @@ class DirUsage:
     files: int = 0
     logical_bytes: int = 0                               # sum of the file sizes
     referenced: Tally = field(default_factory=Tally)     # distinct chunks its files name
+    referenced_raw: int = 0  # those chunks' bytes before compression
     unique: Tally = field(default_factory=Tally)         # of those, named by nothing else
+
+    @property
+    def dedup_ratio(self) -> float | None:
+        """Logical bytes per byte of distinct chunk content: what deduplication saves."""
+        return round(self.logical_bytes / self.referenced_raw, 3) if self.referenced_raw else None
+
+    @property
+    def compression_ratio(self) -> float | None:
+        """Distinct chunk content per stored byte: what compression saves."""
+        return (round(self.referenced_raw / self.referenced.bytes, 3)
+                if self.referenced.bytes else None)
 
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "files": self.files, "logical_bytes": self.logical_bytes,
                 "referenced_chunks": self.referenced.count,
                 "referenced_bytes": self.referenced.bytes,
-                "unique_chunks": self.unique.count, "unique_bytes": self.unique.bytes}
+                "referenced_raw_bytes": self.referenced_raw,
+                "unique_chunks": self.unique.count, "unique_bytes": self.unique.bytes,
+                "dedup_ratio": self.dedup_ratio, "compression_ratio": self.compression_ratio}
 
 
 @dataclass
@@ -143,6 +160,7 @@ def du(store: Store, path: str = "") -> UsageReport:
     names = sorted(p[len(prefix):].rstrip("/") for p in listing.prefixes)
     report.dirs = [DirUsage(manifests.join(path, n)) for n in names]
     states: dict[bytes, int] = {}
+    raw: dict[bytes, int] = {}  # chunk name -> its length before compression
     missing: set[bytes] = set()
 
     def account(m: Manifest, group: int, usage: DirUsage | None,
@@ -151,14 +169,16 @@ def du(store: Store, path: str = "") -> UsageReport:
             if d is not None and not m.is_symlink:
                 d.files += 1
                 d.logical_bytes += m.size
-        for h, _ in m.chunks:
+        for h, length in m.chunks:
             name = bytes.fromhex(h)
             states[name] = combine(states.get(name), group)
+            raw[name] = length
             if name not in sizes:
                 missing.add(name)
             elif seen is not None and usage is not None and name not in seen:
                 seen.add(name)
                 usage.referenced.add(sizes[name])
+                usage.referenced_raw += length
 
     # the checkpoint directories, one at a time
     for i, d in enumerate(report.dirs):
@@ -184,11 +204,12 @@ def du(store: Store, path: str = "") -> UsageReport:
         size = sizes.get(name)
         if size is None:
             continue
-        if state in (OUTSIDE, BOTH):
-            if state == BOTH:
-                report.total.referenced.add(size)
+        if state == OUTSIDE:
             continue
         report.total.referenced.add(size)
+        report.total.referenced_raw += raw[name]
+        if state == BOTH:
+            continue
         report.total.unique.add(size)
         if 0 <= state < top:
             report.dirs[state].unique.add(size)

@@ -69,6 +69,13 @@ def test_shared_unique_and_unreferenced_bytes(st: StoreUnderTest) -> None:
     assert (total.referenced.count, total.referenced.bytes) == (
         4, stored(s, a0, a1, t) + b_bytes)
     assert (total.unique.count, total.unique.bytes) == (3, stored(s, a0, t) + b_bytes)  # not a1
+    # ratios from the manifests' chunk lengths: a0 and a1 are named twice in run
+    assert (one.referenced_raw, two.referenced_raw, total.referenced_raw) == (
+        2 * CHUNK, 3 * CHUNK, 3 * CHUNK + 5)
+    assert total.dedup_ratio == round((5 * CHUNK + 5) / (3 * CHUNK + 5), 3)
+    assert total.compression_ratio == round((3 * CHUNK + 5) / total.referenced.bytes, 3)
+    assert total.referenced.bytes > total.referenced_raw  # random bytes: raw, plus headers
+    assert empty.dedup_ratio is None and empty.compression_ratio is None
     fossil_bytes = stored(s, fossil, prefix=manifests.FOSSILS)
     assert (r.stored.count, r.stored.bytes) == (
         7, stored(s, a0, a1, t, o, garbage) + b_bytes + fossil_bytes)
@@ -89,8 +96,11 @@ def test_shared_unique_and_unreferenced_bytes(st: StoreUnderTest) -> None:
     table = st.cli("du", "run")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["directory", "files", "logical", "referenced", "unique"]
-    assert lines[2].split()[:2] == ["run/step-1", "1"] and lines[2].endswith(" 0 B")
+    assert lines[0].split() == ["directory", "files", "logical", "referenced", "unique",
+                                "dedup", "compr"]
+    assert lines[2].split()[:2] == ["run/step-1", "1"] and lines[2].split()[-4:-2] == [
+        "0", "B"]
+    assert lines[4].split()[-2] == f"{total.dedup_ratio:.2f}x"
     assert lines[4].startswith("run (all) ")
     assert "7 chunk objects" in lines[5] and "2 unreferenced" in lines[5]
 
