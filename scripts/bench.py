@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from azurite import AzuriteServer  # noqa: E402
 from fakegcs import FakeGcsServer  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
 from seaweed import SeaweedServer  # noqa: E402
 
 from ckptfs.store import open_store  # noqa: E402
@@ -223,6 +224,10 @@ def main() -> int:
                          "'ck-dir@/tmp/before,ck-dir,ck-s3:--uploads-while-writing=2'")
     ap.add_argument("--no-settle", action="store_true",
                     help="time each save in whatever state the previous target left")
+    ap.add_argument("--s3-mbps", type=float, default=0.0, metavar="MB/S",
+                    help="cap the S3 link (ck-s3 and raw-s3, both ways together) at this "
+                         "many MB/s with a proxy: a store slower than the node, as a real "
+                         "one is (default: no cap, loopback speed)")
     a = ap.parse_args()
     settled = not a.no_settle
     work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
@@ -232,6 +237,12 @@ def main() -> int:
     os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
                       AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1")
     server.start()
+    s3_endpoint = server.endpoint
+    proxy = None
+    if a.s3_mbps:
+        proxy = FaultProxy(server.endpoint)
+        proxy.limit_bandwidth(a.s3_mbps * 1e6)
+        s3_endpoint = proxy.endpoint
     azurite = AzuriteServer(work / "azurite") if "ck-az" in a.targets else None
     fakegcs = FakeGcsServer(work / "fakegcs") if "ck-gs" in a.targets else None
     results: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
@@ -243,7 +254,7 @@ def main() -> int:
         if fakegcs is not None:
             fakegcs.start()
             gcs_bucket = fakegcs.new_bucket()
-        client = server.client()
+        client = server.client(s3_endpoint)
         bucket = server.new_bucket()
         dir_store = work / "dir-store"
         for i in range(a.runs):
@@ -282,7 +293,7 @@ def main() -> int:
                         return sum(o["Size"] for p in pages for o in p.get("Contents", []))
 
                     r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
-                                     ["--endpoint-url", server.endpoint, *extra], s3_bytes,
+                                     ["--endpoint-url", s3_endpoint, *extra], s3_bytes,
                                      settled, tree or None)
                 else:
                     r = bench_raw(work, state, client, bucket)
@@ -291,6 +302,8 @@ def main() -> int:
                     f"{k}={v:.2f}" for k, v in r.items() if k in ("save", "durable", "load")),
                     flush=True)
     finally:
+        if proxy is not None:
+            proxy.close()
         server.stop()
         for emulator in (azurite, fakegcs):
             if emulator is not None:

@@ -1,6 +1,7 @@
 """FaultProxy: an HTTP proxy on the loopback in front of an object store's server (S3,
-Azurite, fake-gcs-server) that injects faults (503 SlowDown, held or delayed requests) and
-records every request it saw."""
+Azurite, fake-gcs-server) that injects faults (503 SlowDown, held or delayed requests),
+can cap the bandwidth (a store slower than the node, as a real one is) and records every
+request it saw."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ class FaultProxy:
         self.log: list[Request] = []
         self.held = 0
         self.requests = 0
+        self.rate = 0.0  # bytes per second through the proxy, both ways together (0: no cap)
+        self.free_at = 0.0  # when the capped link is free again (monotonic)
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -92,6 +95,19 @@ class FaultProxy:
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def limit_bandwidth(self, bytes_per_second: float) -> None:
+        """Cap the bytes of request and response bodies, all connections sharing one link."""
+        self.rate = bytes_per_second
+
+    def _pace(self, nbytes: int) -> None:
+        """Wait until `nbytes` more have gone through the capped link."""
+        if not self.rate or not nbytes:
+            return
+        with self.lock:
+            self.free_at = max(time.monotonic(), self.free_at) + nbytes / self.rate
+            done = self.free_at
+        time.sleep(max(0.0, done - time.monotonic()))
 
     def throttle(self, p: float, match: Match, first: int = 0) -> None:
         with self.lock:
@@ -154,6 +170,7 @@ class FaultProxy:
                 self.released.wait(60)
             if delay:
                 time.sleep(delay)
+            self._pace(len(body))
             request.status = self._forward(h, method, path, body)
         finally:
             request.end = time.monotonic()
@@ -177,6 +194,7 @@ class FaultProxy:
                 h.send_header(k, v)
         if method != "HEAD":
             h.send_header("Content-Length", str(len(data)))
+            self._pace(len(data))
         h.end_headers()
         if method != "HEAD":
             h.wfile.write(data)

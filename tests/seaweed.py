@@ -117,11 +117,12 @@ class SeaweedServer:
             f"-s3.localSocket={self.workdir / 's3.sock'}",
         ]
 
-    def client(self, **config: Any) -> Any:
-        """A boto3 S3 client for this server (path-style; extra botocore Config options)."""
+    def client(self, endpoint: str | None = None, **config: Any) -> Any:
+        """A boto3 S3 client for this server (path-style; extra botocore Config options),
+        or for a proxy in front of it at `endpoint`."""
         return boto3.session.Session().client(
             "s3",
-            endpoint_url=self.endpoint,
+            endpoint_url=endpoint or self.endpoint,
             region_name="us-east-1",
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
