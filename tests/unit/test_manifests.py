@@ -188,3 +188,23 @@ def test_every_user_of_the_confirmation_window_reads_the_environment() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout
     assert out.split() == ["3.5", "3.5", "3.5"]
+
+
+def test_store_info_formats_1_and_2() -> None:
+    """A format 1 ckptfs.json means fixed chunks and lz4 and is written back without the
+    format 2 fields (older readers see what they wrote); upgraded() keeps the chunk size;
+    format 2 must name its chunking and codec, and only known ones."""
+    old = StoreInfo.from_json(b'{"format": 1, "chunk_size": %d}' % CS)
+    assert (old.format, old.chunking, old.codec) == (1, "fixed", "lz4")
+    assert set(json.loads(old.to_json())) == {"format", "chunk_size", "hash", "created_by",
+                                              "created_at"}
+    new = old.upgraded()
+    assert (new.format, new.chunking, new.codec, new.chunk_size) == (2, "records", "zstd4", CS)
+    assert StoreInfo.from_json(new.to_json()) == new
+    d = json.loads(new.to_json())
+    for field, bad in (("chunking", "cdc"), ("codec", "gzip"), ("min_record", 10)):
+        with pytest.raises(FormatError, match=field):
+            StoreInfo.from_json(json.dumps({**d, field: bad}).encode())
+    del d["codec"]
+    with pytest.raises(FormatError, match="codec"):
+        StoreInfo.from_json(json.dumps(d).encode())
