@@ -13,7 +13,7 @@ skipped without it. Needs FUSE; run as a user who can mount.
     PYTHONPATH=. .venv/bin/python scripts/bench_efficiency.py --size full --json
 
 Sizes: small (a 2.5M-parameter model, stores made with --chunk-size 1M --min-record 4K,
-well under a minute) and full (a 34M-parameter model, the default chunk size 16M and
+about 40 s here) and full (a 34M-parameter model, the default chunk size 16M and
 min-record 256K). Prices: PRICE_PER_GB_MONTH dollars per GB-month (GB = 2**30 bytes).
 """
 
