@@ -196,14 +196,15 @@ def _unzstd4(payload: memoryview, raw_len: int) -> bytearray:
     if max(sizes) > words or _PLANES.size + sum(sizes) + raw_len % 4 != len(payload):
         raise CorruptChunkError(f"zstd4 plane sizes {sizes} do not fit a payload of "
                                 f"{len(payload)} bytes for {raw_len} raw bytes")
-    out = bytearray(raw_len)
-    grid = np.frombuffer(out, np.uint8, words * 4).reshape(-1, 4)
+    planes = []
     start = _PLANES.size
     for k, size in enumerate(sizes):
         stored = payload[start:start + size]
         start += size
         plane = stored if size == words else _unzstd_plane(stored, words, k)
-        grid[:, k] = np.frombuffer(plane, np.uint8)
+        planes.append(np.frombuffer(plane, np.uint8))
+    out = bytearray(raw_len)
+    np.stack(planes, axis=1, out=np.frombuffer(out, np.uint8, words * 4).reshape(-1, 4))
     out[words * 4:] = payload[start:]
     return out
 
