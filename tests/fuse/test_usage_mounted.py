@@ -53,6 +53,9 @@ def test_du_of_a_copied_checkpoint_through_a_mount(tmp_path: Path, nodes: Nodes)
     assert d["unreferenced_bytes"] == 0 and d["stored_bytes"] == shared + extra
 
     table = run_cli("du", str(run), timeout=60).stdout.splitlines()
-    assert table[1].startswith(f"{run / 'ck-1'} ") and table[1].endswith(" 0 B"), table
+    assert table[1].startswith(f"{run / 'ck-1'} ") and table[1].endswith(
+        " 0 B   1.00x   1.00x"), table  # nothing unique; random bytes: no dedup, stored raw
     assert table[3].startswith(f"{run} (all) "), table
+    dedup = d["total"]["dedup_ratio"]  # ck-2 repeats ck-1's 3 chunks and adds 1
+    assert 1.7 < dedup < 1.8 and table[3].split()[-2] == f"{dedup:.2f}x", table
     m.umount()
