@@ -27,9 +27,12 @@ only copies it back into place, and zstd itself passes quickly over such bytes.
 
 from __future__ import annotations
 
+import os
+import queue
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import lz4.block
 import numpy as np
@@ -92,7 +95,8 @@ def encode_chunk_parts(data: Buffer, method: str = "lz4") -> tuple[list[Buffer],
         raise ValueError(f"unknown chunk codec {method!r} (one of {', '.join(CODECS)})")
     raw_len = len(data)
     if raw_len and _worth_compressing(data, compress):
-        payload = compress(data)
+        with _ENCODES:
+            payload = compress(data)
         if _saves(len(payload), raw_len):
             return [_HEADER.pack(MAGIC, codec, raw_len), payload], codec
     return [_HEADER.pack(MAGIC, CODEC_RAW, raw_len), data], CODEC_RAW
@@ -158,8 +162,49 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> Buffer:
     """The raw bytes of an encoded chunk; CorruptChunkError if anything does not match.
 
     A raw (uncompressed) chunk comes back as a view into `blob`, without a copy; a
-    decoded one as bytes or bytearray, never a memoryview.
+    decoded one in memory of its own.
     """
+    return _decode(blob, expected_hash, bytearray)
+
+
+@contextmanager
+def decoded(blob: Buffer, expected_hash: str | None = None) -> Iterator[Buffer]:
+    """decode_chunk() for a caller that is done with the bytes when the block ends (the
+    fetcher writes them to the cache): a zstd4 chunk is decoded into one of a few reused
+    buffers, one per core, so that at most that many decodes run at once and none pays
+    for fresh memory (page faults dominate on some VMs)."""
+    taken: list[bytearray] = []
+
+    def take(size: int) -> bytearray:
+        buf = _OUTPUTS.get()
+        if len(buf) < size:  # (replaced, not resized: a view of it may still exist)
+            buf = bytearray(size)
+        taken.append(buf)
+        return buf
+
+    try:
+        yield _decode(blob, expected_hash, take)
+    finally:
+        for buf in taken:
+            _OUTPUTS.put(buf)
+
+
+def is_raw(blob: Buffer) -> bool:
+    """Whether an encoded chunk is stored raw (its payload is its bytes)."""
+    return len(blob) > 4 and blob[4] == CODEC_RAW
+
+
+#: at most one encode per core at once: the upload threads outnumber the cores, and each
+#: encode holds a regrouped copy of its chunk while it runs
+_ENCODES = threading.BoundedSemaphore(os.cpu_count() or 1)
+#: decode buffers of decoded(): as many as cores
+_OUTPUTS: queue.LifoQueue[bytearray] = queue.LifoQueue()
+for _ in range(os.cpu_count() or 1):
+    _OUTPUTS.put(bytearray())
+
+
+def _decode(blob: Buffer, expected_hash: str | None,
+            alloc: Callable[[int], bytearray]) -> Buffer:
     if len(blob) < HEADER_SIZE:
         raise CorruptChunkError(f"chunk shorter than its header ({len(blob)} bytes)")
     magic, codec, raw_len = _HEADER.unpack_from(blob)
@@ -177,7 +222,7 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> Buffer:
         except lz4.block.LZ4BlockError as e:
             raise CorruptChunkError(f"lz4 payload does not decode: {e}") from None
     elif codec == CODEC_ZSTD4:
-        data = _unzstd4(payload, raw_len)
+        data = _unzstd4(payload, raw_len, alloc)
     else:
         raise CorruptChunkError(f"unknown chunk codec id {codec}")
     if len(data) != raw_len:
@@ -187,8 +232,9 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> Buffer:
     return data
 
 
-def _unzstd4(payload: memoryview, raw_len: int) -> bytearray:
-    """The `raw_len` bytes of a zstd4 payload (module docstring)."""
+def _unzstd4(payload: memoryview, raw_len: int,
+             alloc: Callable[[int], bytearray]) -> memoryview:
+    """The `raw_len` bytes of a zstd4 payload (module docstring), in memory from `alloc`."""
     words = raw_len // 4
     if len(payload) < _PLANES.size:
         raise CorruptChunkError(f"zstd4 payload of {len(payload)} bytes has no plane sizes")
@@ -203,7 +249,7 @@ def _unzstd4(payload: memoryview, raw_len: int) -> bytearray:
         start += size
         plane = stored if size == words else _unzstd_plane(stored, words, k)
         planes.append(np.frombuffer(plane, np.uint8))
-    out = bytearray(raw_len)
+    out = memoryview(alloc(raw_len))[:raw_len]
     np.stack(planes, axis=1, out=np.frombuffer(out, np.uint8, words * 4).reshape(-1, 4))
     out[words * 4:] = payload[start:]
     return out

@@ -173,14 +173,14 @@ class Fetcher:
         before = file_identity(path) if path is not None else None
         blob = self.store.get(key)
         try:
-            data = codec.decode_chunk(blob, chunk_hash)
+            with codec.decoded(blob, chunk_hash) as data:
+                if (path is not None and before is not None and codec.is_raw(blob)
+                        and file_identity(path) == before):
+                    # a raw chunk of a local-directory store, verified, and the file did
+                    # not change meanwhile: read it where it is, not from a second copy
+                    self.cache.put_in_place(chunk_hash, path, codec.HEADER_SIZE, before)
+                else:
+                    self.cache.put_fetched(chunk_hash, data)
+                return len(data)
         except CorruptChunkError as e:  # the log line and the EIO must name the chunk
             raise CorruptChunkError(f"chunk {chunk_hash}: {e}") from None
-        if (path is not None and before is not None and isinstance(data, memoryview)
-                and file_identity(path) == before):
-            # a raw chunk of a local-directory store, verified, and the file did not
-            # change meanwhile: read it where it is instead of writing a second copy
-            self.cache.put_in_place(chunk_hash, path, codec.HEADER_SIZE, before)
-        else:
-            self.cache.put_fetched(chunk_hash, data)
-        return len(data)

@@ -42,10 +42,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
 from azurite import AzuriteServer  # noqa: E402
 from fakegcs import FakeGcsServer  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
 from seaweed import SeaweedServer  # noqa: E402
 
 from ckptfs.store import open_store  # noqa: E402
@@ -239,10 +239,11 @@ def main() -> int:
     server.start()
     s3_endpoint = server.endpoint
     proxy = None
-    if a.s3_mbps:
-        proxy = FaultProxy(server.endpoint)
-        proxy.limit_bandwidth(a.s3_mbps * 1e6)
-        s3_endpoint = proxy.endpoint
+    if a.s3_mbps:  # in a process of its own: see faultproxy.main
+        proxy = subprocess.Popen([sys.executable, str(TESTS / "faultproxy.py"), server.endpoint,
+                                  str(a.s3_mbps)], stdout=subprocess.PIPE, text=True)
+        assert proxy.stdout is not None
+        s3_endpoint = proxy.stdout.readline().strip()
     azurite = AzuriteServer(work / "azurite") if "ck-az" in a.targets else None
     fakegcs = FakeGcsServer(work / "fakegcs") if "ck-gs" in a.targets else None
     results: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
@@ -303,7 +304,8 @@ def main() -> int:
                     flush=True)
     finally:
         if proxy is not None:
-            proxy.close()
+            proxy.kill()
+            proxy.wait()
         server.stop()
         for emulator in (azurite, fakegcs):
             if emulator is not None:

@@ -204,3 +204,20 @@ class FaultProxy:
         self.release()
         self.server.shutdown()
         self.server.server_close()
+
+
+def main() -> None:
+    """`python tests/faultproxy.py UPSTREAM MB/S`: a bandwidth-capped proxy in a process of
+    its own (scripts/bench.py: in the benchmark's process, a torch.save blocked in the
+    mount while holding the GIL would stop the proxy that the mount waits for). Prints
+    its endpoint, then serves until killed."""
+    import sys
+
+    proxy = FaultProxy(sys.argv[1])
+    proxy.limit_bandwidth(float(sys.argv[2]) * 1e6)
+    print(proxy.endpoint, flush=True)
+    proxy.thread.join()
+
+
+if __name__ == "__main__":
+    main()

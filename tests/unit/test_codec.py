@@ -250,3 +250,26 @@ def test_unknown_method_is_an_error(method: str) -> None:
         codec.encode_chunk(b"data", method)
     with pytest.raises(ValueError):
         codec.encode_chunk_parts(b"", method)
+
+
+def test_decoded_reuses_a_buffer_per_core_and_gives_the_same_bytes() -> None:
+    """codec.decoded() (the fetcher's path) gives decode_chunk's bytes; its zstd4 output
+    lives in one of os.cpu_count() reused buffers, all back in the pool after the block,
+    and at most that many decodes hold one at once."""
+    weights = (torch.randn(1 << 18) * 0.02).numpy().tobytes()
+    blobs = [codec.encode_chunk(d, m)[0] for d, m in (
+        (weights, "zstd4"), (bytes(1 << 16), "lz4"), (os.urandom(1 << 16), "zstd4"))]
+    assert [b[4] for b in blobs] == [codec.CODEC_ZSTD4, codec.CODEC_LZ4, codec.CODEC_RAW]
+    assert [codec.is_raw(b) for b in blobs] == [False, False, True]
+    cores = os.cpu_count() or 1
+    for blob in blobs:
+        with codec.decoded(blob, codec.chunk_hash(codec.decode_chunk(blob))) as data:
+            assert bytes(data) == bytes(codec.decode_chunk(blob))
+        assert codec._OUTPUTS.qsize() == cores
+    with ThreadPoolExecutor(cores + 2) as pool:
+        def hold(_: int) -> int:
+            with codec.decoded(blobs[0]):
+                return cores - codec._OUTPUTS.qsize()  # buffers in use, this one included
+
+        assert max(pool.map(hold, range(4 * cores))) <= cores
+    assert codec._OUTPUTS.qsize() == cores
