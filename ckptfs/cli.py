@@ -937,7 +937,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--upload-threads", type=int, default=8)
     m.add_argument("--uploads-while-writing", type=int, default=None, metavar="N",
                    help="uploads that may run while a save streams in; the rest wait until "
-                        "it pauses (default: 2, or the cores beyond two if more)")
+                        "it pauses (default: the cores beyond two, at least 2, or at least 1 "
+                        "on a store that compresses with zstd4)")
     m.add_argument("--fetch-threads", type=int, default=8)
     m.add_argument("--metadata-ttl", type=float, default=1.0,
                    help="seconds a listing or manifest is trusted before re-reading (1.0)")

@@ -74,7 +74,7 @@ class MountConfig:
     chunk_size: int | None = None  # --chunk-size: for a new store (None: 16 MiB)
     min_record: int | None = None  # --min-record: for a new store (None: 256 KiB)
     upload_threads: int = 8  # memory: ~2 chunks each in flight
-    uploads_while_writing: int | None = None  # None: max(2, cores - 2) (uploader.py)
+    uploads_while_writing: int | None = None  # None: by cores and codec (uploader.py)
     fetch_threads: int = 8  # memory: ~2 chunks each in flight
     readahead_chunks: int = 4
     metadata_ttl: float = 1.0

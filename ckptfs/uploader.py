@@ -161,9 +161,10 @@ class Uploader:
     """Owns which chunks are in the store, pending, or being uploaded.
 
     Uploads yield to a streaming save: while one streams in, at most `overlap_workers`
-    uploads run (default: two, or the cores left after the writer and the FUSE loop if
-    more), because on a small node all of them copying, hashing and sending chunks beside
-    the save slows it down more than it brings durability forward (docs/PERFORMANCE.md).
+    uploads run (default: the cores left after the writer and the FUSE loop, but at least
+    two, or one when the store's codec is zstd4, whose encode takes a core), because on a
+    small node all of them copying, hashing and sending chunks beside the save slows it
+    down more than it brings durability forward (docs/PERFORMANCE.md).
     Queued chunks start as soon as the stream pauses, or at once when anybody waits for
     uploads (wait_changed(): a writer at the cache limit, fsync, sync, umount) or dirty
     data reaches half the cache limit.
@@ -181,8 +182,8 @@ class Uploader:
         self.limiter = trio.CapacityLimiter(workers)
         self.limiter.name = "upload"  # type: ignore[attr-defined]
         self.workers = workers
-        if overlap_workers is None:
-            overlap_workers = max(2, (os.cpu_count() or 1) - 2)
+        if overlap_workers is None:  # zstd4 costs a core per upload: 1 on a small node
+            overlap_workers = max(1 if codec_name == "zstd4" else 2, (os.cpu_count() or 1) - 2)
         self.overlap_workers = overlap_workers
         self.writes = WriterActivity()
         self._running = 0  # jobs past the writer gate
