@@ -24,7 +24,7 @@ def describe(info: StoreInfo) -> str:
 def cmd_upgrade(a: argparse.Namespace) -> int:
     t = open_target(a)
     info = inspection.read_info(t.store)
-    new = info.upgraded()
+    new = info.upgraded(a.codec)
     if a.json:
         print(json.dumps({"store": t.store.url, "from": info.format, "to": new.format,
                           "changed": new != info and a.yes}))
@@ -56,6 +56,8 @@ def add_upgrade_parser(sub: Any) -> None:
     u.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     u.add_argument("--yes", action="store_true", help="do it (default: only say what "
                    "would change)")
+    u.add_argument("--codec", choices=("zstd4", "lz4"), help="how new chunks are "
+                   "compressed from then on (default zstd4; see ckptfs mount --help)")
     u.add_argument("--json", action="store_true", help="machine-readable output")
     u.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
     u.add_argument("--region", help="S3 region (default: the AWS config chain)")

@@ -73,6 +73,7 @@ class MountConfig:
     region: str | None = None
     chunk_size: int | None = None  # --chunk-size: for a new store (None: 16 MiB)
     min_record: int | None = None  # --min-record: for a new store (None: 256 KiB)
+    codec: str | None = None  # --codec: for a new store (None: zstd4)
     upload_threads: int = 8  # memory: ~2 chunks each in flight
     uploads_while_writing: int | None = None  # None: by cores and codec (uploader.py)
     fetch_threads: int = 8  # memory: ~2 chunks each in flight

@@ -148,11 +148,14 @@ class StoreInfo:
         d.update(created_by=self.created_by, created_at=self.created_at)
         return json.dumps(d, indent=1).encode() + b"\n"
 
-    def upgraded(self) -> StoreInfo:
-        """This store as the current format: new files chunked and compressed its way
-        (chunks already stored stay as they are: every format reads every codec)."""
-        chunking, codec = FORMAT_DEFAULTS[FORMAT_VERSION]
-        return replace(self, format=FORMAT_VERSION, chunking=chunking, codec=codec)
+    def upgraded(self, codec: str | None = None) -> StoreInfo:
+        """This store as the current format: new files chunked and compressed its way, with
+        `codec` (default: the format's); chunks already stored stay as they are (every
+        format reads every codec). A store already at the format keeps its codec."""
+        if self.format == FORMAT_VERSION:
+            return self
+        chunking, default = FORMAT_DEFAULTS[FORMAT_VERSION]
+        return replace(self, format=FORMAT_VERSION, chunking=chunking, codec=codec or default)
 
     @classmethod
     def from_json(cls, blob: bytes) -> StoreInfo:

@@ -79,9 +79,10 @@ def read_store_info(store: Store) -> StoreInfo | None:
 
 
 def create_store(store: Store, chunk_size: int,
-                 min_record: int = manifests.DEFAULT_MIN_RECORD) -> StoreInfo:
+                 min_record: int = manifests.DEFAULT_MIN_RECORD,
+                 codec: str = "zstd4") -> StoreInfo:
     """Initialise a new store: ckptfs.json, then the root directory's marker."""
-    info = StoreInfo(chunk_size=chunk_size, min_record=min_record)
+    info = StoreInfo(chunk_size=chunk_size, min_record=min_record, codec=codec)
     store.put(manifests.INFO_KEY, info.to_json())
     store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
     return info
@@ -199,6 +200,10 @@ def prepare(cfg: MountConfig) -> Prepared:
             notices.append(Notice(logging.WARNING, (
                 f"--chunk-size {size_text(cfg.chunk_size)} is ignored: the store at "
                 f"{store.url} exists and has chunk size {size_text(info.chunk_size)}")))
+        if cfg.codec is not None and cfg.codec != info.codec:
+            notices.append(Notice(logging.WARNING, (
+                f"--codec {cfg.codec} is ignored: the store at {store.url} exists and "
+                f"compresses with {info.codec}")))
         if cfg.min_record is not None and cfg.min_record != info.min_record:
             notices.append(Notice(logging.WARNING, (
                 f"--min-record {size_text(cfg.min_record)} is ignored: the store at "
@@ -235,7 +240,8 @@ def prepare(cfg: MountConfig) -> Prepared:
         raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
                           "use another --cache-dir")
     if info is None:
-        info = create_store(store, chunk_size, cfg.min_record or manifests.DEFAULT_MIN_RECORD)
+        info = create_store(store, chunk_size, cfg.min_record or manifests.DEFAULT_MIN_RECORD,
+                            cfg.codec or "zstd4")
         notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
                                             f"(chunk size {size_text(chunk_size)})"))
     if known is None:

@@ -80,3 +80,20 @@ def chunk_starts(store: LocalStore, path: str) -> tuple[set[int], bytes]:
         pos += n
         parts.append(bytes(codec.decode_chunk(store.get(manifests.chunk_key(h)), h)))
     return starts, b"".join(parts)
+
+
+def test_codec_of_a_new_store(tmp_path: Path, nodes: Nodes) -> None:
+    """--codec lz4 makes a format 2 store that keeps weights uncompressed (cut at
+    tensors all the same); a later --codec is ignored with a warning."""
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    store = LocalStore(store_dir)
+    m = nodes.mount(str(store_dir), tmp_path, "first", "--codec", "lz4", "--chunk-size", "1M")
+    torch.save(state(), m / "w.pt")
+    m.umount()
+    info = json.loads(store.get(manifests.INFO_KEY))
+    assert (info["format"], info["chunking"], info["codec"]) == (2, "records", "lz4")
+    assert codec_ids(store, "w.pt") <= {codec.CODEC_RAW, codec.CODEC_LZ4}
+    m2 = nodes.mount(str(store_dir), tmp_path, "second", "--codec", "zstd4")
+    assert "--codec zstd4 is ignored" in m2.log() and "compresses with lz4" in m2.log()
+    m2.umount()
