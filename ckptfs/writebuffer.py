@@ -115,10 +115,37 @@ class WriteBuffer:
     # -- writing --------------------------------------------------------------------------
     async def write(self, offset: int, data: bytes) -> None:
         """Write `data` at `offset` (any offset; the file grows as needed)."""
-        end = offset + len(data)
-        in_order = self.cutter is not None and offset == self.seq_end
-        if not in_order:
+        if self.cutter is not None and offset == self.seq_end:
+            self._append(offset, data)
+        else:
             self._out_of_order()
+            await self._write_anywhere(offset, data)
+        if self.evict_due:  # (also set by uploads that finished during this write)
+            self.evict_due = False
+            self.evict_uploaded()
+
+    def _append(self, offset: int, data: bytes) -> None:
+        """A write at the end of a file written in order so far (the hot path of a save):
+        the open chunk is local (only complete chunks are ever freed), so nothing is
+        copied in; the cutter ends chunks, which are hashed as they stream and uploaded
+        as soon as they are complete."""
+        end = offset + len(data)
+        os.pwrite(self.staging.fd, data, offset)
+        crash_point("write")
+        first = self.layout.index(offset)  # the open chunk, before new cuts split it
+        self.size = end
+        self.staging.extent = max(self.staging.extent, end)
+        self._take_cuts(end)
+        for i in range(first, self.layout.count(end)):
+            self._mark_written(i)
+        self._stream_hash(offset, data)
+        if self._upload_early(offset, end):
+            self.evict_due = True  # the cache grew by a chunk: still within bounds?
+        self.seq_end = end
+
+    async def _write_anywhere(self, offset: int, data: bytes) -> None:
+        """Any other write: remote chunks it covers only in part are copied in first."""
+        end = offset + len(data)
         await self._grow(end)
         for i in self.layout.touched(offset, len(data)):
             if not self.is_local(i):
@@ -128,21 +155,8 @@ class WriteBuffer:
                     await self._copy_in(h, n, start)
         os.pwrite(self.staging.fd, data, offset)
         crash_point("write")
-        if in_order:
-            first = self.layout.index(offset)  # the open chunk, before new cuts split it
-            self._take_cuts(end)
-            for i in range(first, self.layout.count(self.size)):
-                self._mark_written(i)
-            self._stream_hash(offset, data)
-            if self._upload_early(offset, end):
-                self.evict_due = True  # the cache grew by a chunk: still within bounds?
-            self.seq_end = end
-        else:
-            for i in self.layout.touched(offset, len(data)):
-                self._mark_written(i)
-        if self.evict_due:  # (also set by uploads that finished during this write)
-            self.evict_due = False
-            self.evict_uploaded()
+        for i in self.layout.touched(offset, len(data)):
+            self._mark_written(i)
 
     def _out_of_order(self) -> None:
         """Written other than in order from the first byte: stop cutting, streaming the
