@@ -73,7 +73,7 @@ def describe_error(e: BaseException) -> str:
 
 @dataclass
 class Options:
-    """The knobs of the filesystem core (config.py builds them from the command line)."""
+    """The knobs of the filesystem core (`mount.serve` builds them from the MountConfig)."""
 
     metadata_ttl: float = 1.0
     publish_timeout: float = 10.0
