@@ -311,7 +311,9 @@ class Publisher:
         st = (self.cache.staging.get(op.staging_id)
               if self.cache is not None and op.staging_id is not None else None)
         fd = st.fd if st is not None else -1  # kept open: _hold_staging
-        lost = await trio.to_thread.run_sync(self._confirm_sync, op.path, todo, fd,
+        why = ("before its late publish" if only is None
+               else "freed from the cache while it was open, before its publish")
+        lost = await trio.to_thread.run_sync(self._confirm_sync, op.path, todo, fd, why,
                                              limiter=self.limiter)
         stale = self._stale.get(op.seq, frozenset())
         for chunk_hash in lost:
@@ -335,9 +337,10 @@ class Publisher:
 
     # -- in a thread ---------------------------------------------------------------------
     def _confirm_sync(self, path: str, spans: dict[str, list[tuple[int, int]]],
-                      fd: int) -> list[str]:
+                      fd: int, why: str) -> list[str]:
         """HEAD each chunk; put back a missing one from fossils/, else from the staging
-        file `fd` (-1: none) at one of its `spans`. Returns the chunks still missing."""
+        file `fd` (-1: none) at one of its `spans`. Returns the chunks still missing.
+        `why` ends the log line."""
         start = time.monotonic()
         with ThreadPoolExecutor(CONFIRM_THREADS) as pool:
             found = dict(zip(spans, pool.map(self._present_or_restored, spans),
@@ -349,9 +352,9 @@ class Publisher:
         lost = [h for h, ok in uploaded.items() if not ok]
         restored = sum(1 for how in found.values() if how == "fossil")
         log.log(logging.WARNING if restored or missing else logging.INFO,
-                "re-confirmed %d chunks of %s before its publish in %.2fs: %d "
-                "copied back from fossils/, %d uploaded again from staging, %d lost",
-                len(spans), path, time.monotonic() - start, restored,
+                "re-confirmed the %d chunks of %s %s in %.2fs: %d copied back from "
+                "fossils/, %d uploaded again from staging, %d lost",
+                len(spans), path, why, time.monotonic() - start, restored,
                 len(missing) - len(lost), len(lost))
         return lost
 

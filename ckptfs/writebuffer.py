@@ -14,7 +14,9 @@ once (early upload), and once the cache is over its limit, uploaded chunks are f
 from the staging file (evict_uploaded). A version written any other way (out of order,
 truncated, or starting from a stored version) is cut again by a fresh cutter when it is
 sealed, so the same bytes give the same chunks however they were written. seal() turns
-the buffer into the chunk list of a new version.
+the buffer into the chunk list of a new version, and names apart the remote chunks that
+this buffer freed (SealedVersion.freed: unlike the kept ones, no manifest names them
+until this one is published, so the filesystem has the stale ones checked).
 
 Every method runs in the trio thread; the caller holds the file's lock around each
 call that awaits (see docs/CONCURRENCY.md).

@@ -115,3 +115,24 @@ def test_cloud_restamp_failing_transiently_is_retried_alone(
                              lambda: requests.ConnectionError("connection reset"))
     assert_set_aside(store, h)
     assert len(calls) == 2
+
+
+def test_a_restamp_that_keeps_failing_fails_the_move_for_good() -> None:
+    """After its retries (retry.STORE_CALL: 6 tries), a stamp that still fails makes the
+    move fail with a permanent error: no caller runs the move again (it would find the
+    source gone and take the chunk for vanished)."""
+    from ckptfs.errors import PermanentStoreError, TransientStoreError
+
+    tries: list[int] = []
+
+    def restamp() -> None:
+        tries.append(1)
+        raise TransientStoreError("HTTP 503")
+
+    with pytest.raises(PermanentStoreError, match="moved fossils/ab/abc, but could not "
+                       "stamp it with the time of the move: HTTP 503"):
+        base.restamp_if_slow(time.monotonic() - base.RESTAMP_AFTER - 1, "fossils/ab/abc",
+                             restamp)
+    assert len(tries) == 6
+    base.restamp_if_slow(time.monotonic(), "fossils/ab/abc", restamp)  # a fast move: none
+    assert len(tries) == 6
