@@ -303,20 +303,23 @@ class CheckpointFS:
     async def _submit(self, kind: str, path: str, path2: str | None = None,
                       body: bytes | None = None, chunks: list[PendingChunk] | None = None,
                       wait: bool = True, changing: list[tuple[DirNode, str]] | None = None,
-                      staging_id: int | None = None) -> int:
+                      staging_id: int | None = None,
+                      stale: frozenset[str] = frozenset()) -> int:
         """Journal a metadata op (and chunks), queue it, optionally wait until applied.
 
         `changing` (from _changing) are the directory entries the op changes;
-        `staging_id`, for a put_file of a version written here, its staging file.
+        `staging_id`, for a put_file of a version written here, its staging file;
+        `stale`, chunks it names that the publisher must confirm before its PUT.
         """
         seq = 0
         try:
             crash_point(f"before_journal_{kind}")
-            journaled_at = time.time()
+            journaled_at, since = time.time(), time.monotonic()
             [seq] = await self.uploader.persist(
                 chunks or [], [(kind, path, path2, body, staging_id)], path if chunks else None)
             crash_point(f"journaled_{kind}")
-            await self.publisher.add(Op(seq, kind, path, path2, body, journaled_at, staging_id))
+            await self.publisher.add(Op(seq, kind, path, path2, body, journaled_at, staging_id),
+                                     since, stale)
         finally:
             for dnode, name in changing or ():
                 dnode.recent.end(name, seq)
@@ -683,6 +686,11 @@ class CheckpointFS:
         buf = node.buffer
         assert buf is not None
         version = await buf.seal(fsync)
+        # chunks uploaded early and freed from the cache are named without being journaled:
+        # those seen in the store longer than the confirmation window ago (a file kept open
+        # that long) are HEADed by the publisher before the PUT (docs/FORMAT.md, W2); a
+        # dict lookup each here, and nothing at all for a file open a shorter time
+        stale = frozenset(h for h in version.freed if not self.uploader.confirmed(h))
         m = Manifest(size=version.size, mode=node.mode, mtime_ns=node.mtime_ns,
                      chunks=version.chunks, chunk_size=self.chunk_size,
                      writer=self.opt.writer_id)
@@ -692,7 +700,7 @@ class CheckpointFS:
             await self._submit("put_file", node.path, body=m.to_json(),
                                chunks=version.pending,
                                changing=self._changing((node.parent, node.name)),
-                               staging_id=buf.staging.id)
+                               staging_id=buf.staging.id, stale=stale)
             self.published_bytes += m.size
         buf.published(version, journaled=not node.removed)
         node.buffer = None

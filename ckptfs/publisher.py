@@ -19,13 +19,17 @@ one batched delete.
 A manifest names chunks that `ckptfs gc` may set aside (chunks/ -> fossils/) or delete
 once no manifest references them and they are older than its grace period. A chunk
 uploaded (or found by a HEAD) at a file's close is safe because its manifest follows
-within moments. A put_file op applied more than CONFIRM_WINDOW after it was journaled
-(a node down or cut off from the store for a long time) is re-confirmed first
-(docs/FORMAT.md, write order): every chunk of its manifest not journaled for upload
-here is HEADed; a missing one is copied back from fossils/, or else uploaded again from
-the version's staging file, which the cache keeps until the op is applied
-(StagingFile.unpublished); a chunk that neither holds is recorded as lost in the journal
-(status, the log and umount name the file) and the manifest is published all the same.
+within moments. A put_file op is re-confirmed before its PUT (docs/FORMAT.md, rule W3)
+when it was journaled by an earlier process (replayed from the journal: whatever time
+it bears, since a wall clock can be stepped), or by this one more than CONFIRM_WINDOW
+ago on the monotonic clock (a node cut off from the store for long): every chunk of its
+manifest not journaled for upload here is HEADed; a missing one is copied back from
+fossils/, or else uploaded again from the version's staging file, which the cache keeps
+until the op is applied (StagingFile.unpublished); a chunk that neither holds is
+recorded as lost in the journal (status, the log and umount name the file) and the
+manifest is published all the same. An op that is young still has the chunks that its
+seal found stale re-confirmed so (a file kept open longer than the window: chunks
+uploaded early and freed from the cache, filesystem.py), and those only.
 """
 
 from __future__ import annotations
@@ -60,15 +64,18 @@ log = logging.getLogger(__name__)
 
 DELETES = ("delete_file", "delete_dir")
 RENAME_THREADS = 16
-#: seconds: a put_file op applied later than this after it was journaled has its chunks
-#: re-confirmed first (module docstring): manifests.CONFIRM_WINDOW, the window gc's grace
-#: rests on (a module attribute here, so that tests can shorten it)
+#: seconds: a put_file op applied later than this after it was journaled (monotonic
+#: clock) has its chunks re-confirmed first (module docstring): manifests.CONFIRM_WINDOW,
+#: the window gc's grace rests on (a module attribute here, so that tests can shorten it)
 CONFIRM_WINDOW = manifests.CONFIRM_WINDOW
 CONFIRM_THREADS = 16  # HEADs and fossil copies of one manifest's chunks at a time
 CONFIRM_UPLOADS = 4  # chunks uploaded again from a staging file at a time (memory)
 LOST_REASON = ("it is gone from the store (ckptfs gc?) and no copy is left (no fossil, "
                "not in this node's staging file): the manifest waited too long to be "
                "published")
+STALE_LOST_REASON = ("it is gone from the store (ckptfs gc?) and no copy is left: it was "
+                     "uploaded while the file was open and freed from the cache, and the "
+                     "file stayed open longer than gc's grace")
 
 
 class RetryingStore:
@@ -111,6 +118,11 @@ class Publisher:
         self.last_error: str | None = None
         self.applied_ops = 0
         self._reported: set[tuple[int, str]] = set()  # (op seq, chunk) recorded as lost
+        #: put_file op seq -> when (time.monotonic()) this process journaled it; an op
+        #: missing here was journaled by an earlier process (replayed)
+        self._journaled_at: dict[int, float] = {}
+        #: put_file op seq -> the chunks its seal found stale (filesystem._publish)
+        self._stale: dict[int, frozenset[str]] = {}
         #: told of every op once it is in the store (not of an op dropped as undoable):
         #: the auto-prune's trigger (autoprune.py)
         self.on_applied: Callable[[Op], None] | None = None
@@ -121,8 +133,15 @@ class Publisher:
             self.enqueue(op)
             self.recovered_seq = max(self.recovered_seq, op.seq)
 
-    def enqueue(self, op: Op) -> None:
-        """Queue an op already in the journal."""
+    def enqueue(self, op: Op, journaled_at: float | None = None,
+                stale: frozenset[str] = frozenset()) -> None:
+        """Queue an op already in the journal: journaled by this process at monotonic
+        time `journaled_at` (None: by an earlier one, or unknown), naming the `stale`
+        chunks (see the module docstring)."""
+        if journaled_at is not None:
+            self._journaled_at[op.seq] = journaled_at
+        if stale:
+            self._stale[op.seq] = stale
         self._queue.append(op)
         self.last_seq = max(self.last_seq, op.seq)
         for p in (op.path, op.path2):
@@ -143,9 +162,10 @@ class Publisher:
             self.cache.release_staging(st)
             self.cache.evict()
 
-    async def add(self, op: Op) -> None:
-        """Queue an op already in the journal and wake the applier."""
-        self.enqueue(op)
+    async def add(self, op: Op, journaled_at: float | None = None,
+                  stale: frozenset[str] = frozenset()) -> None:
+        """Queue an op already in the journal (see enqueue) and wake the applier."""
+        self.enqueue(op, journaled_at, stale)
         async with self._changed:
             self._changed.notify_all()
 
@@ -204,8 +224,9 @@ class Publisher:
                         break
                     batch.append(op)
             try:
-                if needs_confirmation(batch[0]):
-                    await self._confirm_chunks(batch[0])
+                to_confirm = self._to_confirm(batch[0])
+                if to_confirm is None or to_confirm:
+                    await self._confirm_chunks(batch[0], to_confirm)
                 await trio.to_thread.run_sync(self._apply_sync, batch, limiter=self.limiter)
                 self.last_error = None
             except StoreError as e:
@@ -241,6 +262,8 @@ class Publisher:
                             del self._pending_paths[p]
                 self.applied_seq = max(self.applied_seq, op.seq)
                 self._hold_staging(op, -1)
+                self._journaled_at.pop(op.seq, None)
+                self._stale.pop(op.seq, None)
             self.applied_ops += len(batch)
             self.healthy = True
             if applied and self.on_applied is not None:
@@ -254,16 +277,30 @@ class Publisher:
                 "last_error": self.last_error}
 
     # -- re-confirming an old manifest's chunks -------------------------------------------
-    async def _confirm_chunks(self, op: Op) -> None:
-        """Make sure every chunk of the manifest of an old put_file op is in the store
-        (module docstring); StoreError if the store fails (the op is retried)."""
+    def _to_confirm(self, op: Op) -> frozenset[str] | None:
+        """Which chunks of op's manifest to re-confirm before it is applied: None for
+        all of them (a put_file replayed from the journal, or journaled here more than
+        CONFIRM_WINDOW ago on the monotonic clock), else those its seal found stale
+        (usually none). Never the wall clock: it can be stepped back or forward."""
+        if op.kind != "put_file":
+            return frozenset()
+        since = self._journaled_at.get(op.seq)
+        if since is None or time.monotonic() - since > CONFIRM_WINDOW:
+            return None
+        return self._stale.get(op.seq, frozenset())
+
+    async def _confirm_chunks(self, op: Op, only: frozenset[str] | None = None) -> None:
+        """Make sure every chunk (or each of `only`) of the manifest of a put_file op is
+        in the store (module docstring); StoreError if the store fails (the op is
+        retried)."""
         manifest = manifest_of(op)
         if manifest is None or not manifest.chunks:
             return
         spans: dict[str, list[tuple[int, int]]] = {}  # chunk -> (file offset, length)s
         for (chunk_hash, length), offset in zip(manifest.chunks, manifest.chunk_offsets(),
                                                 strict=False):
-            spans.setdefault(chunk_hash, []).append((offset, length))
+            if only is None or chunk_hash in only:
+                spans.setdefault(chunk_hash, []).append((offset, length))
         try:  # journaled chunks are this node's uploader's to put in the store
             journaled = await trio.to_thread.run_sync(self.journal.journaled_among, spans,
                                                       limiter=self.journal_limiter)
@@ -274,31 +311,36 @@ class Publisher:
         st = (self.cache.staging.get(op.staging_id)
               if self.cache is not None and op.staging_id is not None else None)
         fd = st.fd if st is not None else -1  # kept open: _hold_staging
-        lost = await trio.to_thread.run_sync(self._confirm_sync, op.path, todo, fd,
+        why = ("before its late publish" if only is None
+               else "freed from the cache while it was open, before its publish")
+        lost = await trio.to_thread.run_sync(self._confirm_sync, op.path, todo, fd, why,
                                              limiter=self.limiter)
+        stale = self._stale.get(op.seq, frozenset())
         for chunk_hash in lost:
             if (op.seq, chunk_hash) not in self._reported:
-                await self._record_lost(op, chunk_hash)
+                await self._record_lost(op, chunk_hash, STALE_LOST_REASON
+                                        if chunk_hash in stale else LOST_REASON)
 
-    async def _record_lost(self, op: Op, chunk_hash: str) -> None:
+    async def _record_lost(self, op: Op, chunk_hash: str, reason: str) -> None:
         """Record (in the journal) and log the file that lost this chunk."""
         try:
             path = await trio.to_thread.run_sync(self.journal.mark_lost_file, op.seq,
-                                                 op.path, chunk_hash, LOST_REASON,
+                                                 op.path, chunk_hash, reason,
                                                  limiter=self.journal_limiter)
         except JournalError as e:
             log.error("DATA LOST: %s: chunk %s is not in the store: %s; and the journal "
-                      "cannot record it: %s", op.path, chunk_hash, LOST_REASON, e)
+                      "cannot record it: %s", op.path, chunk_hash, reason, e)
             return
         self._reported.add((op.seq, chunk_hash))
         log.error("DATA LOST: %s: chunk %s is not in the store: %s", path or
-                  f"{op.path} (since deleted or rewritten)", chunk_hash, LOST_REASON)
+                  f"{op.path} (since deleted or rewritten)", chunk_hash, reason)
 
     # -- in a thread ---------------------------------------------------------------------
     def _confirm_sync(self, path: str, spans: dict[str, list[tuple[int, int]]],
-                      fd: int) -> list[str]:
+                      fd: int, why: str) -> list[str]:
         """HEAD each chunk; put back a missing one from fossils/, else from the staging
-        file `fd` (-1: none) at one of its `spans`. Returns the chunks still missing."""
+        file `fd` (-1: none) at one of its `spans`. Returns the chunks still missing.
+        `why` ends the log line."""
         start = time.monotonic()
         with ThreadPoolExecutor(CONFIRM_THREADS) as pool:
             found = dict(zip(spans, pool.map(self._present_or_restored, spans),
@@ -310,9 +352,9 @@ class Publisher:
         lost = [h for h, ok in uploaded.items() if not ok]
         restored = sum(1 for how in found.values() if how == "fossil")
         log.log(logging.WARNING if restored or missing else logging.INFO,
-                "re-confirmed the %d chunks of %s before its late publish in %.2fs: %d "
-                "copied back from fossils/, %d uploaded again from staging, %d lost",
-                len(spans), path, time.monotonic() - start, restored,
+                "re-confirmed the %d chunks of %s %s in %.2fs: %d copied back from "
+                "fossils/, %d uploaded again from staging, %d lost",
+                len(spans), path, why, time.monotonic() - start, restored,
                 len(missing) - len(lost), len(lost))
         return lost
 
@@ -449,13 +491,6 @@ class Publisher:
             self.store.copy(src_key, dst_key)
         except NotFoundError:
             pass
-
-
-def needs_confirmation(op: Op) -> bool:
-    """Whether op is a put_file journaled more than CONFIRM_WINDOW ago (or at an unknown
-    time: a journal from before the time was recorded)."""
-    return op.kind == "put_file" and (op.journaled_at is None
-                                      or time.time() - op.journaled_at > CONFIRM_WINDOW)
 
 
 def manifest_of(op: Op) -> Manifest | None:

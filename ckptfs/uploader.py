@@ -289,7 +289,9 @@ class Uploader:
 
     def confirmed(self, chunk_hash: str) -> bool:
         """Whether this mount saw the chunk in the store less than `confirm_window`
-        seconds ago: only then may a manifest name it without a new HEAD (or upload)."""
+        seconds ago (monotonic clock): only then may a manifest name it without a new HEAD
+        (or upload). persist() asks it for the chunks a close journals, the seal for the
+        chunks of the file freed from the cache (the publisher HEADs the others)."""
         seen = self.in_store.get(chunk_hash)
         return seen is not None and time.monotonic() - seen < self.confirm_window
 

@@ -14,7 +14,9 @@ once (early upload), and once the cache is over its limit, uploaded chunks are f
 from the staging file (evict_uploaded). A version written any other way (out of order,
 truncated, or starting from a stored version) is cut again by a fresh cutter when it is
 sealed, so the same bytes give the same chunks however they were written. seal() turns
-the buffer into the chunk list of a new version.
+the buffer into the chunk list of a new version, and names apart the remote chunks that
+this buffer freed (SealedVersion.freed: unlike the kept ones, no manifest names them
+until this one is published, so the filesystem has the stale ones checked).
 
 Every method runs in the trio thread; the caller holds the file's lock around each
 call that awaits (see docs/CONCURRENCY.md).
@@ -56,6 +58,9 @@ class SealedVersion:
     size: int
     chunks: tuple[tuple[str, int], ...]
     pending: list[PendingChunk]  # local chunks, to journal and upload
+    #: remote chunks that this buffer uploaded early and then freed from the cache (not
+    #: those kept from the version it started from: its manifest names them meanwhile)
+    freed: frozenset[str] = frozenset()
 
 
 class WriteBuffer:
@@ -90,6 +95,7 @@ class WriteBuffer:
         self.stream_chunk = -1
         # complete chunks uploaded early, oldest first, for evict_uploaded
         self.uploaded: deque[int] = deque()
+        self.freed: set[str] = set()  # chunks evict_uploaded made remote (SealedVersion)
         self.evict_due = False  # an upload finished while a write held the lock
         self.closed = False  # sealed and published, or discarded
 
@@ -305,6 +311,7 @@ class WriteBuffer:
                 self.uploaded.clear()
                 return
             self.remote[i] = (known[0], end - start)
+            self.freed.add(known[0])
 
     # -- reading --------------------------------------------------------------------------
     async def read(self, offset: int, end: int) -> bytes:
@@ -344,6 +351,7 @@ class WriteBuffer:
             self.hashes[i] = (h, self.versions.get(i, 0))
         chunks: list[tuple[str, int]] = []
         pending: list[PendingChunk] = []
+        freed: set[str] = set()
         for i in range(count):
             start, end = self.layout.span(i, self.size)
             if self.is_local(i):
@@ -352,10 +360,12 @@ class WriteBuffer:
                 self.cache.add_staged_chunk(h, st, start, end - start)
             else:
                 h = self.remote[i][0]
+                if h in self.freed:
+                    freed.add(h)
             chunks.append((h, end - start))
         if fsync:
             await trio.to_thread.run_sync(os.fsync, st.fd, limiter=self.hash_limiter)
-        return SealedVersion(self.size, tuple(chunks), pending)
+        return SealedVersion(self.size, tuple(chunks), pending, frozenset(freed))
 
     async def _recut(self) -> None:
         """Cut the version again, as a fresh cutter cuts its bytes written in order (so

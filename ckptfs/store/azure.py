@@ -31,7 +31,14 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from .base import RESTAMP_AFTER, Listing, ObjectInfo, PrefixedStore, one_line, root_cause
+from .base import (
+    Listing,
+    ObjectInfo,
+    PrefixedStore,
+    one_line,
+    restamp_if_slow,
+    root_cause,
+)
 
 #: the longest blob name Azure allows, in characters, the store's prefix included
 MAX_NAME_CHARS = 1024
@@ -260,16 +267,19 @@ class AzureStore(PrefixedStore):
     def rename(self, src: str, dst: str) -> None:
         """Copy Blob (the copy gets a new Last-Modified), then Delete Blob. Not atomic: a
         crash in between leaves both. When the two took longer than RESTAMP_AFTER, the
-        copy's metadata is set, which gives it a new Last-Modified."""
+        copy's metadata is set, which gives it a new Last-Modified (that request alone
+        retried: restamp_if_slow)."""
         self.check_length(dst)
         start = time.monotonic()
         self.copy(src, dst)
         crash_point("store_rename_copied")
         self.delete(src)
-        if time.monotonic() - start > RESTAMP_AFTER:
-            with self._errors("rename", dst):
-                self._client.get_blob_client(self._key(dst)).set_blob_metadata(
-                    {"ckptfs_restamped": str(int(time.time()))})
+        restamp_if_slow(start, dst, lambda: self._restamp(dst))
+
+    def _restamp(self, key: str) -> None:
+        with self._errors("rename", key):
+            self._client.get_blob_client(self._key(key)).set_blob_metadata(
+                {"ckptfs_restamped": str(int(time.time()))})
 
     def delete(self, key: str) -> None:
         try:

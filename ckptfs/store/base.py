@@ -13,7 +13,8 @@ from typing import Self, TypeVar
 import trio
 
 from ..crashpoints import crash_point
-from ..errors import InvalidKeyError
+from ..errors import InvalidKeyError, PermanentStoreError, StoreError
+from ..retry import retrying
 
 T = TypeVar("T")
 
@@ -21,6 +22,24 @@ T = TypeVar("T")
 #: (a rename that copies and then deletes, and took longer, stamps the copy again); gc's
 #: safe minimum grace counts on it (docs/FORMAT.md, "Garbage collection")
 RESTAMP_AFTER = 30.0
+
+
+def restamp_if_slow(start: float, dst: str, restamp: Callable[[], None]) -> None:
+    """The last step of a rename that copies and then deletes: if the move took longer
+    than RESTAMP_AFTER since `start` (time.monotonic()), stamp `dst` again (`restamp`).
+
+    Its transient errors are retried here, alone (retry.STORE_CALL): the source is gone
+    by now, so running the whole rename again would only find it missing (gc would count
+    the chunk as vanished, and its fossil would keep a time from before the move). If
+    the stamp still fails, a PermanentStoreError says so, which no caller retries.
+    """
+    if time.monotonic() - start <= RESTAMP_AFTER:
+        return
+    try:
+        retrying(restamp)()
+    except StoreError as e:
+        raise PermanentStoreError(f"moved {dst}, but could not stamp it with the time of "
+                                  f"the move: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -146,13 +165,12 @@ class Store(abc.ABC):
         start of this call, and no earlier than RESTAMP_AFTER before the moment `src`
         vanished. NotFoundError if `src` is absent. Here: copy, then delete (not
         atomic: a crash in between leaves both), and copy again when that took longer
-        than RESTAMP_AFTER; stores that can do better override it."""
+        than RESTAMP_AFTER (restamp_if_slow); stores that can do better override it."""
         start = time.monotonic()
         self.copy(src, dst)
         crash_point("store_rename_copied")
         self.delete(src)
-        if time.monotonic() - start > RESTAMP_AFTER:
-            self.copy(dst, dst)
+        restamp_if_slow(start, dst, lambda: self.copy(dst, dst))
 
     def check_length(self, key: str) -> None:
         """Raise KeyTooLongError if the store cannot hold `key` because it is too long as

@@ -28,7 +28,14 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from .base import RESTAMP_AFTER, Listing, ObjectInfo, PrefixedStore, one_line, root_cause
+from .base import (
+    Listing,
+    ObjectInfo,
+    PrefixedStore,
+    one_line,
+    restamp_if_slow,
+    root_cause,
+)
 
 #: the longest object name GCS allows, in bytes of UTF-8, the store's prefix included
 MAX_KEY_BYTES = 1024
@@ -233,17 +240,20 @@ class GcsStore(PrefixedStore):
     def rename(self, src: str, dst: str) -> None:
         """Rewrite (the copy is a new generation: a new `updated`), then delete. Not
         atomic: a crash in between leaves both. When the two took longer than
-        RESTAMP_AFTER, the copy's metadata is patched, which updates `updated`."""
+        RESTAMP_AFTER, the copy's metadata is patched, which updates `updated` (that request
+        alone retried: restamp_if_slow)."""
         self.check_length(dst)
         start = time.monotonic()
         self.copy(src, dst)
         crash_point("store_rename_copied")
         self.delete(src)
-        if time.monotonic() - start > RESTAMP_AFTER:
-            target = self._blob(dst)
-            target.metadata = {"ckptfs-restamped": str(int(time.time()))}
-            with self._errors("rename", dst):
-                target.patch(retry=None, timeout=self._timeout)
+        restamp_if_slow(start, dst, lambda: self._restamp(dst))
+
+    def _restamp(self, key: str) -> None:
+        target = self._blob(key)
+        target.metadata = {"ckptfs-restamped": str(int(time.time()))}
+        with self._errors("rename", key):
+            target.patch(retry=None, timeout=self._timeout)
 
     def delete(self, key: str) -> None:
         try:

@@ -32,7 +32,14 @@ from ..errors import (
     TransientStoreError,
 )
 from ..manifests import CHUNKS
-from .base import RESTAMP_AFTER, Listing, ObjectInfo, PrefixedStore, one_line, root_cause
+from .base import (
+    Listing,
+    ObjectInfo,
+    PrefixedStore,
+    one_line,
+    restamp_if_slow,
+    root_cause,
+)
 
 #: error codes of a missing object
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -239,7 +246,8 @@ class S3Store(PrefixedStore):
         """CopyObject (which gives the copy a new LastModified, and here keeps the
         source's storage class: a copy would otherwise land in STANDARD), then
         DeleteObject. Not atomic: a crash in between leaves both. When the two took longer
-        than RESTAMP_AFTER, the copy is copied onto itself to stamp it again."""
+        than RESTAMP_AFTER, the copy is copied onto itself to stamp it again, that request
+        alone retried (restamp_if_slow)."""
         self.check_length(dst)
         start = time.monotonic()
         with self._errors("rename", src):
@@ -248,8 +256,7 @@ class S3Store(PrefixedStore):
         self._copy(src, dst, storage_class)
         crash_point("store_rename_copied")
         self.delete(src)
-        if time.monotonic() - start > RESTAMP_AFTER:
-            self._copy(dst, dst, storage_class)
+        restamp_if_slow(start, dst, lambda: self._copy(dst, dst, storage_class))
 
     def _copy(self, src: str, dst: str, storage_class: str | None) -> None:
         extra: dict[str, str] = {"StorageClass": storage_class} if storage_class else {}

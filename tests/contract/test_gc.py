@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 from crafting import (
     CHUNK,
     StoreUnderTest,
@@ -29,15 +30,17 @@ from crafting import (
     stored_names,
 )
 from mounting import CKPTFS, run_cli
+from pipeline_helpers import staged
 from seaweed import SeaweedServer
-from support import random_bytes
+from support import random_bytes, wait_until_async
 
 from ckptfs import gc, inspection, manifests
+from ckptfs.cache import LocalCache, StagingFile
 from ckptfs.cli import human
 from ckptfs.codec import chunk_hash, encode_chunk
 from ckptfs.gc import GcError, GcReport
 from ckptfs.journal import Journal
-from ckptfs.manifests import chunk_key, fossil_key
+from ckptfs.manifests import Manifest, chunk_key, fossil_key
 from ckptfs.publisher import Publisher
 from ckptfs.store.base import ObjectInfo, Store
 from ckptfs.store.faulty import FaultyStore
@@ -343,31 +346,79 @@ def test_runs_at_once_lose_no_referenced_chunk(st: StoreUnderTest) -> None:
 
 # ---------------------------------------------------------------------------- (c) clocks
 @pytest.mark.parametrize("skew", [-10 * 365 * DAY, 10 * 365 * DAY], ids=["behind", "ahead"])
-def test_the_gc_node_clock_does_not_matter(st: StoreUnderTest, skew: float,
+def test_the_gc_node_clock_does_not_matter(st: StoreUnderTest, skew: float, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """gc on a node whose clock is ten years off decides exactly as with a right one:
     ages come from the store's clock. A gc that took its own clock for T would (ahead)
-    set aside every chunk, fresh ones included, or (behind) none (shown below)."""
+    set aside every chunk, fresh ones included, or (behind) none (shown below). Nor does
+    the writer's wall clock matter (rule W3): a manifest journaled with the clock right,
+    whose chunk gc frees before the writer restarts with its clock stepped back or
+    forward, has the chunk put back (from its staging file) before it is published."""
     old = put_chunk(st.store, random_bytes(100)) if st.local else None
     if old is not None:
         age(st.store, chunk_key(old), 2 * DAY)
     fresh = put_chunk(st.store, random_bytes(100))
+    written = random_bytes(CHUNK + 100)
+    journal, cache, staging = journaled_before_a_restart(st.store, tmp_path, "w.bin", written)
     real_time, real_time_ns = time.time, time.time_ns
     monkeypatch.setattr(time, "time", lambda: real_time() + skew)
     monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + int(skew * 1e9))
 
     r = collect(st.store, DAY, dry_run=True)
-    assert r.kept_chunks.count == 1 and r.fossilized.count == (old is not None)
+    assert r.kept_chunks.count == 3 and r.fossilized.count == (old is not None)
     assert abs(r.store_time - real_time()) < 60
     r = collect(st.store, DAY)
-    assert stored_names(st.store) == {fresh}
+    assert stored_names(st.store) == {fresh, *staged_chunks(written)}
+    real_store_time = gc.store_time
     # the same run with the node's clock as T: wrong both ways
     monkeypatch.setattr(gc, "store_time", lambda store: time.time())
     r = collect(st.store, DAY, dry_run=True)
     if skew > 0:
-        assert r.fossilized.count == 1  # the fresh chunk would be set aside
+        assert r.fossilized.count == 3  # the fresh chunks would be set aside
     else:
-        assert r.fossilized.count == 0 and r.kept_chunks.count == 1
+        assert r.fossilized.count == 0 and r.kept_chunks.count == 3
+    monkeypatch.setattr(gc, "store_time", real_store_time)
+
+    collect(st.store, 0.0)  # the writer's chunks: set aside, then freed
+    collect(st.store, 0.0)
+    assert stored_names(st.store) == set() == stored_names(st.store, manifests.FOSSILS)
+    publisher = Publisher(st.store, journal, trio.CapacityLimiter(1), "node-w", cache)
+    publisher.load(journal.pending_ops())  # the restart, its clock stepped by `skew`
+
+    async def publish() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(publisher.run)
+            await wait_until_async(lambda: publisher.pending_count == 0, timeout=30)
+            n.cancel_scope.cancel()
+
+    trio.run(publish)
+    assert journal.lost_files() == [] and journal.counts() == (0, 0)
+    assert read_back(st.store, "w.bin") == written  # from chunks/ alone
+    assert stored_names(st.store) == set(staged_chunks(written))
+    assert staging.id not in cache.staging  # released once published
+    cache.close()
+    journal.close()
+
+
+def staged_chunks(data: bytes) -> list[str]:
+    return [chunk_hash(data[i:i + CHUNK]) for i in range(0, len(data), CHUNK)]
+
+
+def journaled_before_a_restart(store: Store, tmp_path: Path, path: str, data: bytes
+                               ) -> tuple[Journal, LocalCache, StagingFile]:
+    """A writer's state once it closed `path` (its chunks stored, its manifest journaled
+    and not yet PUT) and stopped: the journal, the cache holding the version's staging
+    file."""
+    m = Manifest(size=len(data), mode=0o100644, mtime_ns=time.time_ns(), chunks=tuple(
+        (h, len(data[i * CHUNK:(i + 1) * CHUNK])) for i, h in enumerate(staged_chunks(data))),
+        chunk_size=CHUNK, writer="node-w")
+    for i in range(0, len(data), CHUNK):
+        put_chunk(store, data[i:i + CHUNK])
+    journal = Journal(str(tmp_path / "journal.sqlite"))
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
+    staging = staged(cache, data)
+    journal.add_op("put_file", path, body=m.to_json(), staging_id=staging.id)
+    return journal, cache, staging
 
 
 # ---------------------------------------------------------------------------- (d) renames

@@ -755,10 +755,10 @@ def test_s3_rename_keeps_the_storage_class(seaweed: SeaweedServer, slow: bool,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A renamed chunk keeps its class (a plain CopyObject would make it STANDARD); a
     rename slower than RESTAMP_AFTER stamps its copy again (a copy onto itself)."""
-    from ckptfs.store import s3
+    from ckptfs.store import base
 
     if slow:
-        monkeypatch.setattr(s3, "RESTAMP_AFTER", -1.0)
+        monkeypatch.setattr(base, "RESTAMP_AFTER", -1.0)
     bucket = seaweed.new_bucket()
     store = S3Store(bucket, "p", endpoint_url=seaweed.endpoint,
                     chunk_storage_class="STANDARD_IA")

@@ -442,27 +442,40 @@ def test_old_manifest_with_a_chunk_gone_for_good_is_published_and_the_file_repor
 
 
 def test_young_manifest_is_published_without_extra_heads(
-        store: RecordingStore, journal: Journal, cache: LocalCache,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only a put_file journaled more than CONFIRM_WINDOW ago costs HEADs: one journaled
-    a minute within the window is PUT as it is (its chunks were confirmed at its close),
-    one a minute past it has each of its distinct chunks HEADed once."""
+        store: RecordingStore, journal: Journal, cache: LocalCache) -> None:
+    """Only a put_file journaled by this process more than CONFIRM_WINDOW ago (on the
+    monotonic clock), or by an earlier process (replayed, whatever its wall-clock time),
+    costs HEADs: one journaled here a minute within the window is PUT as it is (its
+    chunks were confirmed at its close); one journaled here a minute past the window and
+    one replayed with a time of just now have each of their distinct chunks HEADed once."""
     young, young_hashes = version(random_bytes(2 * CHUNK, 4))
     old_data = random_bytes(2 * CHUNK, 5)
     old, old_hashes = version(old_data + old_data[:CHUNK])  # a chunk named twice
+    replayed_data = random_bytes(CHUNK, 6)
+    replayed, replayed_hashes = version(replayed_data)
     for h in young_hashes:
         store.inner.put(chunk_key(h), b"x" * 100)
-    put_chunk(store, chunk_data(old_data, 0))
-    put_chunk(store, chunk_data(old_data, 1))
-    journaled_ago(monkeypatch, publisher_module.CONFIRM_WINDOW - 60)
-    journal.add_op("put_file", "young.pt", body=young.to_json())
-    journaled_ago(monkeypatch, publisher_module.CONFIRM_WINDOW + 60)
-    journal.add_op("put_file", "old.pt", body=old.to_json())
+    for data in (chunk_data(old_data, 0), chunk_data(old_data, 1), replayed_data):
+        put_chunk(store, data)
+    for path, m in (("replayed.pt", replayed), ("young.pt", young), ("old.pt", old)):
+        journal.add_op("put_file", path, body=m.to_json())
+    replayed_op, young_op, old_op = journal.pending_ops()
+    assert time.time() - (replayed_op.journaled_at or 0) < 60
+    window = publisher_module.CONFIRM_WINDOW
 
     async def main() -> None:
-        await replay(store, journal, cache)
-        assert sorted(store.heads) == sorted({chunk_key(h) for h in old_hashes})
-        assert len(store.heads) == 2
-        assert store.log == [("put", "files/young.pt"), ("put", "files/old.pt")]
+        pub = Publisher(store, journal, trio.CapacityLimiter(1), "node-a", cache)
+        pub.load([replayed_op])
+        pub.enqueue(young_op, journaled_at=time.monotonic() - window + 60)
+        pub.enqueue(old_op, journaled_at=time.monotonic() - window - 60)
+        async with trio.open_nursery() as n:
+            await n.start(pub.run)
+            await wait_until_async(lambda: pub.pending_count == 0, timeout=20)
+            n.cancel_scope.cancel()
+        assert sorted(store.heads) == sorted({chunk_key(h)
+                                              for h in old_hashes + replayed_hashes})
+        assert len(store.heads) == 3
+        assert store.log == [("put", "files/replayed.pt"), ("put", "files/young.pt"),
+                             ("put", "files/old.pt")]
 
     run(main)
