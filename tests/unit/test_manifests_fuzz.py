@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ckptfs import trash
 from ckptfs.chunking import MAX_CHUNK_SIZE
 from ckptfs.errors import FormatError
 from ckptfs.manifests import (
@@ -22,6 +23,7 @@ from ckptfs.manifests import (
     StoreInfo,
     check_path,
 )
+from ckptfs.store.base import ObjectInfo
 
 H1 = "0123456789abcdef" * 2
 H2 = "f" * 32
@@ -186,3 +188,20 @@ def test_rename_intents_are_checked() -> None:
                    {"src": good["dst"] + "/in"}, {"v": 2}, {"writer": 1}, {"time": "now"}):
         with pytest.raises(FormatError, match="rename intent"):
             RenameIntent.from_json(json.dumps({**good, **change}).encode())
+
+
+def test_mutated_trash_keys_give_an_entry_or_none() -> None:
+    """trash.parse reads a trash entry's key (its batch name and path): any key gives an
+    entry whose path is safe, or None (outside the layout); never an exception."""
+    rng = random.Random("ckptfs-trash")
+    good = "trash/20261201T053300Z-24h-41-gpu-node-07/ckpt/step-1/model.pt"
+    pieces = ["/", "//", "..", ".", "\0", "-", "9" * 400, "1e9d", "0s", "x", "\ud800", ""]
+    for _ in range(3000):
+        key = list(good)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(key))
+            key[i:i + rng.randint(0, 3)] = rng.choice([*pieces, chr(rng.randrange(1, 0x3000))])
+        entry = trash.parse(ObjectInfo("".join(key), 1, 1.0, "t"))
+        if entry is not None:
+            assert entry.path and check_path(entry.path) == entry.path
+            assert entry.keep >= 0 and entry.expires >= entry.deleted
