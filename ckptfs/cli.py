@@ -1045,8 +1045,8 @@ def add_store_tools(sub: Any) -> None:
         "ls", help="list files in a store with size, mtime, writer and completeness",
         description="List every file under PATH (recursively) like `ls -l`: mode, size in "
         "bytes, mtime, the node that wrote it, and its state: ok, `missing N` (N chunks not "
-        "in the store), `corrupt N` (with --deep) or unreadable. Exit 0 when the listing "
-        "worked, 2 when not. " + STORE_HELP)
+        "in the store), `corrupt N` (with --deep) or damaged (its manifest). Exit 0 when "
+        "the listing worked, 2 when not. " + STORE_HELP)
     tree_arguments(ls, "list", deep_help)
     ls.set_defaults(func=cmd_ls)
 
@@ -1057,7 +1057,8 @@ def add_store_tools(sub: Any) -> None:
         "when TARGET is a mounted directory. Newest = the largest numbers in the name when "
         "every candidate has one (checkpoint-100 after checkpoint-99), else the latest file "
         "mtime. Directories without files, with missing chunks, or in a directory rename in "
-        "flight are skipped: resume from what this prints. Exit 1 with a message when there "
+        "flight, or with a damaged manifest (named on stderr) are skipped: resume from what "
+        "this prints. Exit 1 with a message when there "
         "is none, 2 when the check could not be done. " + STORE_HELP,
         epilog="example: ckptfs latest /mnt/ckpt/run7 --pattern 'checkpoint-*'")
     la.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
@@ -1070,9 +1071,10 @@ def add_store_tools(sub: Any) -> None:
 
     fk = sub.add_parser(
         "fsck", help="check a whole store",
-        description="Check the whole store: ckptfs.json, every manifest (unreadable ones are "
-        "listed), every chunk a manifest names (missing ones are listed with the file and "
-        "the writer node), interrupted directory renames, and count the unreferenced chunks "
+        description="Check the whole store: ckptfs.json, every manifest, directory marker, "
+        "trash entry and rename intent (damaged ones are listed), every chunk a manifest "
+        "names (missing ones are listed with the file and the writer node), interrupted "
+        "directory renames, and count the unreferenced chunks "
         "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
         "1 problems found, 2 the check could not be done (e.g. TARGET is not a ckptfs "
         "store: no ckptfs.json and no files/ or chunks/). TARGET is a STORE "
