@@ -508,7 +508,7 @@ def describe_file(f: FileReport, shown: str) -> str:
     from .manifests import chunk_key
 
     if f.error is not None:
-        return f"UNREADABLE  {shown}: manifest: {f.error}"
+        return f"DAMAGED     {shown}: {f.error}"
     parts = []
     if f.missing:
         parts.append(f"{len(f.missing)} of {f.n_chunks} chunks missing (" + _chunk_list(
@@ -533,9 +533,12 @@ def cmd_verify(a: argparse.Namespace) -> int:
         return 0 if result.complete else 1
     for f in result.incomplete_files:
         print(describe_file(f, t.show(f.path)))
+    files = {f.path for f in result.files}
     for p in result.problems:
         if p.kind == inspection.RENAMING:
             print(f"RENAMING    {t.show(p.path)}: {p.detail}")
+        elif p.kind == inspection.DAMAGED and p.path not in files:  # a rename intent
+            print(f"DAMAGED     {p.describe()}")
     size = human(sum(f.size for f in result.files))
     how = "chunks fetched and re-hashed" if a.deep else "chunks present (--deep re-hashes them)"
     where = t.show(result.path)
@@ -544,10 +547,10 @@ def cmd_verify(a: argparse.Namespace) -> int:
         return 0
     bad = len(result.incomplete_files)
     kinds = {k: sum(p.kind == k for p in result.problems) for k in
-             (inspection.MISSING, inspection.CORRUPT, inspection.UNREADABLE)}
+             (inspection.MISSING, inspection.CORRUPT, inspection.DAMAGED)}
     print(f"INCOMPLETE: {bad} of {len(result.files)} files under {where} "
           f"({kinds['missing']} missing chunks, {kinds['corrupt']} corrupt chunks, "
-          f"{kinds['unreadable']} unreadable manifests"
+          f"{kinds['damaged']} damaged records"
           + (", a directory rename in flight" if any(
               p.kind == inspection.RENAMING for p in result.problems) else "") + ")")
     return 1
@@ -565,7 +568,7 @@ def cmd_ls(a: argparse.Namespace) -> int:
     for f in files:
         shown = t.show(f.path)
         if f.error is not None:
-            print(f"?---------  {'?':>12}  {'?':19}  {'?':<12}  {'unreadable':<10}  {shown}: "
+            print(f"?---------  {'?':>12}  {'?':19}  {'?':<12}  {'damaged':<10}  {shown}: "
                   f"{f.error}")
             continue
         state = ("ok" if f.complete else f"missing {len(f.missing)}" if f.missing
@@ -582,7 +585,8 @@ def cmd_latest(a: argparse.Namespace) -> int:
 
     t = open_target(a, a.dir)
     inspection.read_info(t.store)
-    found = inspection.latest(t.store, t.path, a.pattern, deep=a.deep)
+    found = inspection.latest(t.store, t.path, a.pattern, deep=a.deep, damaged=lambda p: print(
+        f"ckptfs: skipped, DAMAGED {p.describe()}", file=sys.stderr))
     if found is None:
         print(f"ckptfs: no complete checkpoint directory matching {a.pattern!r} in "
               f"{t.show(t.path)}", file=sys.stderr)
@@ -611,7 +615,7 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     for h, why in r.corrupt_garbage:
         print(f"CORRUPT      unreferenced chunk {h}: {why} (a writer deduplicating against "
               f"it would trust it; delete the object)")
-    for i in r.intents:
+    for i in (i for i in r.intents if i.error is None):  # damaged ones are problems
         print(f"warning      directory rename {i.src or '?'} -> {i.dst or '?'} by node "
               f"{i.writer} is in flight or was interrupted ({i.key}); the next mount "
               f"finishes it")
@@ -1041,8 +1045,8 @@ def add_store_tools(sub: Any) -> None:
         "ls", help="list files in a store with size, mtime, writer and completeness",
         description="List every file under PATH (recursively) like `ls -l`: mode, size in "
         "bytes, mtime, the node that wrote it, and its state: ok, `missing N` (N chunks not "
-        "in the store), `corrupt N` (with --deep) or unreadable. Exit 0 when the listing "
-        "worked, 2 when not. " + STORE_HELP)
+        "in the store), `corrupt N` (with --deep) or damaged (its manifest). Exit 0 when "
+        "the listing worked, 2 when not. " + STORE_HELP)
     tree_arguments(ls, "list", deep_help)
     ls.set_defaults(func=cmd_ls)
 
@@ -1053,7 +1057,8 @@ def add_store_tools(sub: Any) -> None:
         "when TARGET is a mounted directory. Newest = the largest numbers in the name when "
         "every candidate has one (checkpoint-100 after checkpoint-99), else the latest file "
         "mtime. Directories without files, with missing chunks, or in a directory rename in "
-        "flight are skipped: resume from what this prints. Exit 1 with a message when there "
+        "flight, or with a damaged manifest (named on stderr) are skipped: resume from what "
+        "this prints. Exit 1 with a message when there "
         "is none, 2 when the check could not be done. " + STORE_HELP,
         epilog="example: ckptfs latest /mnt/ckpt/run7 --pattern 'checkpoint-*'")
     la.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
@@ -1066,9 +1071,10 @@ def add_store_tools(sub: Any) -> None:
 
     fk = sub.add_parser(
         "fsck", help="check a whole store",
-        description="Check the whole store: ckptfs.json, every manifest (unreadable ones are "
-        "listed), every chunk a manifest names (missing ones are listed with the file and "
-        "the writer node), interrupted directory renames, and count the unreferenced chunks "
+        description="Check the whole store: ckptfs.json, every manifest, directory marker, "
+        "trash entry and rename intent (damaged ones are listed), every chunk a manifest "
+        "names (missing ones are listed with the file and the writer node), interrupted "
+        "directory renames, and count the unreferenced chunks "
         "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
         "1 problems found, 2 the check could not be done (e.g. TARGET is not a ckptfs "
         "store: no ckptfs.json and no files/ or chunks/). TARGET is a STORE "

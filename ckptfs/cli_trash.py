@@ -53,6 +53,9 @@ def cmd_ls(a: argparse.Namespace) -> int:
     for r in [head, *rows]:
         print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  "
               f"{r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}  {r[5]}")
+    for e in (e for e in found if e.damaged is not None):
+        stops = "" if e.is_dir else "; gc stops on it until it is repaired or deleted"
+        print(f"DAMAGED  {e.key}: {e.damaged} (restore skips it{stops})")
     files = sum(it.files for it in items)
     print(f"{len(items)} deleted items, {files} files ({human(sum(it.bytes for it in items))})"
           f"; put one back with: ckptfs trash restore {a.target} PATH")

@@ -111,6 +111,11 @@ class NotSupported(FsError):
     """Operation not supported (ENOTSUP): setting extended attributes."""
 
 
+class DamagedRecord(FsError):
+    """A file whose manifest in the store is damaged (does not parse or validate): EIO on
+    it, every other file unaffected."""
+
+
 class StoreUnavailable(FsError):
     """The store cannot be reached and this node has no view of its own to answer from
     (EIO): a directory never listed must not look empty."""

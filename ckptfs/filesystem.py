@@ -31,6 +31,7 @@ from .cache import LocalCache
 from .crashpoints import crash_point
 from .errors import (
     CorruptChunkError,
+    DamagedRecord,
     Exists,
     InvalidArgument,
     IsADirectory,
@@ -50,7 +51,7 @@ from .fetcher import Fetcher
 from .journal import Op, PendingChunk
 from .listing import Lister
 from .manifests import DirMarker, Manifest, StoreInfo
-from .namespace import ROOT_INODE, DirNode, FileNode, InodeTable, Node
+from .namespace import ROOT_INODE, DirNode, FileNode, InodeTable, Node, NodeT
 from .publisher import Publisher
 from .store.base import AsyncStore
 from .uploader import Uploader
@@ -155,6 +156,18 @@ class CheckpointFS:
             raise NoEntry(f"inode {inode}")
         return node
 
+    def getattr(self, inode: int) -> Node:
+        """The node whose attributes stat reports; DamagedRecord for a damaged file."""
+        return self._undamaged(self.node(inode))
+
+    @staticmethod
+    def _undamaged(node: NodeT) -> NodeT:
+        """`node`, unless it is a file whose manifest in the store is damaged (EIO on stat,
+        open and read; unlink and rename still work, as they do not need it)."""
+        if isinstance(node, FileNode) and node.damaged is not None:
+            raise DamagedRecord(f"{node.path}: {node.damaged}")
+        return node
+
     def file(self, inode: int) -> FileNode:
         node = self.node(inode)
         if not isinstance(node, FileNode):
@@ -216,6 +229,10 @@ class CheckpointFS:
             await self.lister.refresh(node, force=True)
 
     async def lookup(self, parent_inode: int, name: str) -> Node:
+        return self._undamaged(await self._child(parent_inode, name))
+
+    async def _child(self, parent_inode: int, name: str) -> Node:
+        """The entry `name` of a directory, after a listing if the TTL says so."""
         parent = self.directory(parent_inode)
         if parent.removed:  # a directory deleted or renamed away on another node
             raise NoEntry(manifests.join(parent.path, name))
@@ -351,7 +368,7 @@ class CheckpointFS:
 
     async def rmdir(self, parent_inode: int, name: str) -> None:
         parent = await self._writable_dir(parent_inode)
-        child = await self.lookup(parent_inode, name)
+        child = await self._child(parent_inode, name)
         if not isinstance(child, DirNode):
             raise NotADirectory(child.path)
         await self.lister.refresh(child, force=True)
@@ -365,12 +382,13 @@ class CheckpointFS:
 
     async def unlink(self, parent_inode: int, name: str) -> None:
         parent = await self._writable_dir(parent_inode)
-        child = await self.lookup(parent_inode, name)
+        child = await self._child(parent_inode, name)
         if not isinstance(child, FileNode):
             raise IsADirectory(child.path)
         path = child.path
         changing = self._changing((parent, name))
-        if child.manifest is not None or self.publisher.is_pending(path):
+        if (child.manifest is not None or child.damaged is not None
+                or self.publisher.is_pending(path)):
             # journal first: if that fails (cache disk full), the file is still there
             await self._submit("delete_file", path, wait=False, changing=changing)
         else:  # created here and never published: nothing in the store to delete
@@ -403,7 +421,7 @@ class CheckpointFS:
                      new_name: str, noreplace: bool = False) -> None:
         old_parent = await self._writable_dir(old_parent_inode)
         new_parent = await self._writable_dir(new_parent_inode)
-        src = await self.lookup(old_parent_inode, old_name)
+        src = await self._child(old_parent_inode, old_name)
         await self.lister.refresh(new_parent)
         if "/" in new_name or "\0" in new_name:
             raise InvalidArgument(new_name)
@@ -533,7 +551,7 @@ class CheckpointFS:
 
     async def open(self, inode: int, flags: int) -> tuple[int, bool]:
         """Returns (fh, keep_cache)."""
-        node = self.file(inode)
+        node = self._undamaged(self.file(inode))
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         keep_cache = await self._revalidate(node)
         if writable and flags & os.O_TRUNC:
@@ -553,7 +571,11 @@ class CheckpointFS:
         checked_at = node.checked_at
         if time.monotonic() - checked_at < self.opt.metadata_ttl:
             return True
-        m = await self.lister.read_manifest(node.path)
+        try:
+            m = await self.lister.read_manifest(node.path)
+        except DamagedRecord as e:
+            node.damaged = str(e)
+            raise
         if m is None:
             return True  # deleted elsewhere: keep serving the version we know
         if node.checked_at != checked_at or self._pinned(node):

@@ -36,6 +36,7 @@ ERRNO: list[tuple[type[BaseException], int]] = [
     (errors.NoAttribute, pyfuse3.ENOATTR),
     (errors.NotSupported, errno.ENOTSUP),
     (errors.StoreUnavailable, errno.EIO),
+    (errors.DamagedRecord, errno.EIO),
     (errors.MissingChunkError, errno.EIO),
     (errors.CorruptChunkError, errno.EIO),
 ]
@@ -118,7 +119,8 @@ class FuseOps(pyfuse3.Operations):
         a.st_blksize = 1 << 20
         a.st_blocks = (size + 511) // 512
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = node.mtime_ns
-        ttl = self.fs.opt.metadata_ttl
+        # a damaged file is listed, but the kernel must ask again (lookup: EIO) each time
+        ttl = 0 if isinstance(node, FileNode) and node.damaged else self.fs.opt.metadata_ttl
         a.attr_timeout = ttl
         a.entry_timeout = ttl
         return a
@@ -147,7 +149,7 @@ class FuseOps(pyfuse3.Operations):
 
     @fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
-        return self.attributes(self.fs.node(inode))
+        return self.attributes(self.fs.getattr(inode))
 
     @fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:

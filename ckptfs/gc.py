@@ -5,12 +5,13 @@ One run (`collect`):
 
 0. T = the store's clock: the mtime of a probe object it PUTs (then deletes). Every age is
    a difference of two store times; the clock of the node running gc is never read.
-   Trash entries whose time is up at T (their store time + their batch's keep) are
-   deleted (trash.py).
 1. References: every chunk named by a manifest under the reference prefixes (files/,
-   then trash/), from two
+   then trash/, except the trash entries whose time is up at T: their store time + their
+   batch's keep), from two
    listings one after the other (pass B re-reads only manifests that are new or were
-   replaced since pass A), so that a file renamed during the listing is seen once.
+   replaced since pass A), so that a file renamed during the listing is seen once. A
+   damaged manifest stops the run here, before anything is changed. Then the trash
+   entries whose time is up are deleted (trash.py), and the clock probes of killed runs.
 2. Sweep: each fossil (fossils/<h:2>/<h>) that is referenced is restored to chunks/; one
    that is not, and was set aside at least `grace` before T, is deleted (freed).
 3. Mark: each chunk that is not referenced and was written at least `grace` before T is
@@ -151,14 +152,15 @@ def collect(store: Store, grace: float = DEFAULT_GRACE, *, dry_run: bool = False
     report.store_time = store_time(store)
     report.cutoff = report.store_time - grace
     progress(report, None)
+    # every manifest is read (a damaged one stops the run) before anything is changed
+    refs = read_references(store, report, prefixes, progress)
+    crash_point("gc_references_read")
     if not dry_run:
         _delete_scratch(store, report)
     report.phase = "trash"
     for info in trash.expire(store, report.store_time, dry_run):
         report.trash_expired.add(info.size)
     crash_point("gc_trash_expired")
-    refs = read_references(store, report, prefixes, progress)
-    crash_point("gc_references_read")
     sweep(store, refs, report, progress)
     crash_point("gc_swept")
     mark(store, refs, report, progress)

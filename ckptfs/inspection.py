@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -13,7 +12,7 @@ from typing import TypeVar
 from . import manifests
 from .codec import HEADER_SIZE, decode_chunk
 from .errors import CorruptChunkError, FormatError, InvalidKeyError, NoEntry, NotFoundError
-from .manifests import Manifest, StoreInfo
+from .manifests import DirMarker, Manifest, RenameIntent, StoreInfo
 from .store.base import Store
 
 T = TypeVar("T")
@@ -25,8 +24,8 @@ WORKERS = 16
 WINDOW = 4 * WORKERS
 NUMBER = re.compile(r"\d+")
 
-#: kinds of Problem
-MISSING, CORRUPT, UNREADABLE, RENAMING = "missing", "corrupt", "unreadable", "renaming"
+#: kinds of Problem (DAMAGED: a record in the store that does not parse or validate)
+MISSING, CORRUPT, DAMAGED, RENAMING = "missing", "corrupt", "damaged", "renaming"
 
 
 def parallel_map(fn: Callable[[T], R], items: Iterable[T], workers: int = WORKERS
@@ -57,10 +56,12 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T], workers: int = WORKER
 # ---------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class Problem:
-    """One reason a file is not complete: a chunk, a manifest, or a rename in flight."""
+    """One reason a file is not complete: a chunk, a manifest, or a rename in flight; or
+    (fsck) a damaged directory marker, trash entry or rename intent."""
 
-    path: str          # the file (or directory, for RENAMING), relative to the fs root
-    kind: str          # MISSING, CORRUPT, UNREADABLE or RENAMING
+    path: str          # the file (or directory, for RENAMING), relative to the fs root;
+                       # the key of a damaged trash entry or intent
+    kind: str          # MISSING, CORRUPT, DAMAGED or RENAMING
     chunk: str = ""    # the chunk's hash (MISSING, CORRUPT)
     index: int = -1    # its position in the file
     writer: str = ""   # the node that wrote the manifest (or started the rename)
@@ -76,7 +77,7 @@ class Problem:
                     f"is corrupt: {self.detail}{by}")
         if self.kind == RENAMING:
             return f"{self.path}: {self.detail}"
-        return f"{self.path}: unreadable manifest: {self.detail}"
+        return f"{self.path}: {self.detail}"
 
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "kind": self.kind, "chunk": self.chunk or None,
@@ -105,7 +106,7 @@ class FileReport:
 
     def problems(self) -> list[Problem]:
         if self.error is not None:
-            return [Problem(self.path, UNREADABLE, detail=self.error)]
+            return [Problem(self.path, DAMAGED, detail=self.error)]
         return ([Problem(self.path, MISSING, h, i, self.writer) for i, h in self.missing]
                 + [Problem(self.path, CORRUPT, h, i, self.writer, why)
                    for i, h, why in self.corrupt])
@@ -149,6 +150,7 @@ class Intent:
     src: str
     dst: str
     writer: str
+    error: str | None = None  # damaged: why (the mounts leave it alone; fsck names it)
 
     def touches(self, path: str) -> bool:
         """Whether `path` is, contains, or lies inside the rename's source or target."""
@@ -238,18 +240,24 @@ def _related(a: str, b: str) -> bool:
 
 
 def read_intents(store: Store) -> list[Intent]:
-    """The directory renames recorded in the store (intents/); unreadable ones are skipped."""
+    """The directory renames recorded in the store (intents/); a damaged one (`error`
+    set, no paths) touches everything, as its paths are unknown."""
     intents = []
     for key, _ in store.list(manifests.INTENTS, delimiter=None).objects:
         try:
-            d = json.loads(store.get(key))
-            intents.append(Intent(key, manifests.check_path(str(d["src"])),
-                                  manifests.check_path(str(d["dst"])), str(d.get("writer", ""))))
+            intent = RenameIntent.from_json(store.get(key))
+            intents.append(Intent(key, intent.src, intent.dst, intent.writer))
         except NotFoundError:
             continue  # finished meanwhile
-        except (ValueError, KeyError, TypeError, InvalidKeyError):
-            intents.append(Intent(key, "", "", "?"))  # unknown: touches everything
+        except FormatError as e:
+            intents.append(Intent(key, "", "", "?", str(e)))
     return intents
+
+
+def damaged_intent(intent: Intent) -> str:
+    """What a damaged rename intent means, for its one line."""
+    return (f"{intent.error}; a directory rename may be half done, and no mount finishes "
+            f"a damaged intent (repair or delete {intent.key})")
 
 
 def _read_manifest(store: Store, key: str) -> tuple[str, Manifest | None, str | None] | None:
@@ -266,6 +274,22 @@ def _read_manifest(store: Store, key: str) -> tuple[str, Manifest | None, str | 
         return path, Manifest.from_json(blob), None
     except FormatError as e:
         return path, None, str(e)
+
+
+def _read_record(store: Store, key: str) -> tuple[Manifest | None, str | None]:
+    """(the manifest, None) for a manifest key, (None, None) for a marker (its key ends
+    in '/') or an object gone since the listing, (None, why) for a damaged one."""
+    try:
+        blob = store.get(key)
+    except NotFoundError:
+        return None, None
+    try:
+        if key.endswith("/"):
+            DirMarker.from_json(blob)
+            return None, None
+        return Manifest.from_json(blob), None
+    except FormatError as e:
+        return None, str(e)
 
 
 def _read_manifests(store: Store, keys: Iterable[str]
@@ -368,8 +392,12 @@ def verify(store: Store, path: str = "", deep: bool = False) -> VerifyResult:
     files = list_files(store, path, deep)
     problems = [p for f in files for p in f.problems()]
     for intent in read_intents(store):
-        if intent.touches(path):
-            problems.append(Problem(path, RENAMING, writer=intent.writer, detail=(
+        if not intent.touches(path):
+            continue
+        if intent.error is not None:
+            problems.append(Problem(intent.key, DAMAGED, detail=damaged_intent(intent)))
+            continue
+        problems.append(Problem(path, RENAMING, writer=intent.writer, detail=(
                 f"a directory rename {intent.src or '?'} -> {intent.dst or '?'} by node "
                 f"{intent.writer} is in flight or was interrupted ({intent.key}); the next "
                 f"mount finishes it")))
@@ -394,8 +422,8 @@ def checkpoint_names(store: Store, dir_path: str, pattern: str) -> tuple[str, li
     return dir_path, [n for n in names if fnmatch.fnmatchcase(n, pattern)]
 
 
-def latest(store: Store, dir_path: str = "", pattern: str = "*", deep: bool = False
-           ) -> str | None:
+def latest(store: Store, dir_path: str = "", pattern: str = "*", deep: bool = False,
+           damaged: Callable[[Problem], None] = lambda problem: None) -> str | None:
     """The newest complete checkpoint directory directly under `dir_path`, or None.
 
     Candidates are the subdirectories whose name matches the fnmatch `pattern`. When every
@@ -403,13 +431,20 @@ def latest(store: Store, dir_path: str = "", pattern: str = "*", deep: bool = Fa
     so checkpoint-100 > checkpoint-99 and epoch=2-step=10 > epoch=1-step=90); otherwise
     newest = the latest mtime of the files inside. A directory with no files, with a
     missing or corrupt chunk, an unreadable manifest, or in a directory rename in flight
-    is skipped. The result is a path relative to the filesystem root.
+    is skipped; `damaged` is told of each damaged manifest (and rename intent) met. The
+    result is a path relative to the filesystem root.
     """
     dir_path, names = checkpoint_names(store, dir_path, pattern)
     intents = read_intents(store)
+    for i in intents:
+        if i.error is not None:
+            damaged(Problem(i.key, DAMAGED, detail=damaged_intent(i)))
     checker = ChunkChecker(store, deep)
 
     def usable(files: list[FileReport], path: str) -> bool:
+        for f in files:
+            if f.error is not None:
+                damaged(Problem(f.path, DAMAGED, detail=f.error))
         return (bool(files) and all(f.complete for f in files)
                 and not any(i.touches(path) for i in intents))
 
@@ -444,34 +479,37 @@ def fsck(store: Store, deep: bool = False) -> FsckReport:
     except (NoEntry, FormatError) as e:
         report.info_error = str(e)
     report.intents = read_intents(store)
+    report.problems += [Problem(i.key, DAMAGED, detail=damaged_intent(i))
+                        for i in report.intents if i.error is not None]
 
     keys = [k for k, _ in store.list(manifests.FILES, delimiter=None).objects]
-    report.dir_markers = sum(k.endswith("/") for k in keys)
+    markers = [k for k in keys if k.endswith("/")]
+    report.dir_markers = len(markers)
     found = _read_manifests(store, (k for k in keys if not k.endswith("/")))
     referenced: set[str] = set()
     for path, m, err in found:
         if m is None:
-            report.problems.append(Problem(path, UNREADABLE, detail=err or ""))
+            report.problems.append(Problem(path, DAMAGED, detail=err or ""))
         elif m.is_symlink:
             report.symlinks += 1
         else:
             report.files += 1
             report.file_bytes += m.size
             referenced.update(h for h, _ in m.chunks)
+    for key, (_, err) in parallel_map(lambda k: _read_record(store, k), markers):
+        if err is not None:
+            report.problems.append(Problem(key, DAMAGED, detail=err))
     report.chunks_referenced = len(referenced)
-    # the trash's manifests keep their chunks (gc counts them) until they expire
-    def trashed(key: str) -> Manifest | None:
-        try:
-            return Manifest.from_json(store.get(key))
-        except (NotFoundError, FormatError):
-            return None  # emptied meanwhile; or unreadable, which restore reports
-
-    in_trash = (k for k, _ in store.list(manifests.TRASH, delimiter=None).objects
-                if not k.endswith("/"))
-    for _, m in parallel_map(trashed, in_trash):
-        if m is not None:
+    # the trash's manifests keep their chunks (gc counts them) until they expire; a
+    # damaged one stops gc, which cannot tell which chunks it keeps
+    in_trash = (k for k, _ in store.list(manifests.TRASH, delimiter=None).objects)
+    for key, (m, err) in parallel_map(lambda k: _read_record(store, k), in_trash):
+        if err is not None:
+            report.problems.append(Problem(key, DAMAGED, detail=f"in the trash: {err}"))
+        elif m is not None:
             report.trash_files += 1
             referenced.update(h for h, _ in m.chunks)
+    report.problems.sort(key=lambda p: p.path)
 
     stored: dict[str, int] = {}
     for key, size in store.list(manifests.CHUNKS, delimiter=None).objects:

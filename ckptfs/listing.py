@@ -6,12 +6,15 @@ changes, pending ops, files being written); an entry that is gone from the store
 the tree and the kernel's cache (`on_gone`). After a crash, the first listings wait for
 the journal's ops to reach the store, so that no file closed before the crash is
 missing. A directory never listed answers EIO during a store outage (StoreUnavailable):
-an empty answer would say "no checkpoint here".
+an empty answer would say "no checkpoint here". A file whose manifest is damaged stays
+listed, marked damaged (EIO on it), with one log line per damaged key; a damaged
+directory marker leaves its directory with the default mode.
 """
 
 from __future__ import annotations
 
 import logging
+import stat
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -19,7 +22,14 @@ from typing import TypeVar
 import trio
 
 from . import manifests
-from .errors import FormatError, InvalidKeyError, NotFoundError, StoreError, StoreUnavailable
+from .errors import (
+    DamagedRecord,
+    FormatError,
+    InvalidKeyError,
+    NotFoundError,
+    StoreError,
+    StoreUnavailable,
+)
 from .manifests import DirMarker, Manifest
 from .namespace import DirNode, FileNode, InodeTable, Node
 from .publisher import Publisher
@@ -48,6 +58,7 @@ class Lister:
         self.on_gone: Callable[[int, str], None] = lambda inode, name: None
         self._locks: dict[int, trio.Lock] = {}
         self._recovery_waited = False  # listings waited (once) for the journal's ops
+        self._damaged: dict[str, str] = {}  # damaged record key -> why, as last logged
 
     async def list_root(self) -> None:
         """List the root before the mount is ready, so that a store outage just after
@@ -127,7 +138,8 @@ class Lister:
         for name, size in remote_files.items():
             have = dnode.children.get(name)
             if have is None or (not self.pinned(have) and (
-                    not isinstance(have, FileNode) or have.manifest_key_size != size)):
+                    not isinstance(have, FileNode) or have.manifest_key_size != size
+                    or have.damaged is not None)):  # read again: repaired meanwhile?
                 to_read.append((name, size))
         new_dirs: list[str] = []
         for name in remote_dirs:
@@ -141,12 +153,17 @@ class Lister:
         if not to_read and not new_dirs:
             return
         results: dict[str, Manifest] = {}
+        damaged: dict[str, str] = {}  # name -> why its manifest is damaged
         markers: dict[str, DirMarker] = {}
         limiter = trio.CapacityLimiter(LIST_CONCURRENCY)
 
         async def read_one(name: str) -> None:
             async with limiter:
-                m = await self.read_manifest(manifests.join(dnode.path, name))
+                try:
+                    m = await self.read_manifest(manifests.join(dnode.path, name))
+                except DamagedRecord as e:
+                    damaged[name] = str(e)
+                    return
             if m is not None:
                 results[name] = m
 
@@ -168,17 +185,23 @@ class Lister:
                 self.table.new_dir(dnode, name, marker.mode, marker.mtime_ns or now_ns)
         for name, size in to_read:
             m = results.get(name)
+            why = damaged.get(name)
             child = dnode.children.get(name)
-            if m is None or (child is not None and self.pinned(child)) or changed_here(name):
+            if (m is None and why is None) or (child is not None and self.pinned(child)) or (
+                    changed_here(name)):
                 continue
-            if child is not None and (not isinstance(child, FileNode)
-                                      or child.is_symlink != m.is_symlink):
+            if child is not None and (not isinstance(child, FileNode) or (
+                    m is not None and child.is_symlink != m.is_symlink)):
                 self._gone(dnode, child)
                 child = None
             if child is None:
-                child = self.table.new_file(dnode, name, m.mode, m.mtime_ns)
+                child = (self.table.new_file(dnode, name, m.mode, m.mtime_ns) if m is not None
+                         else self.table.new_file(dnode, name, stat.S_IFREG, 0))
             assert isinstance(child, FileNode)
-            child.set_manifest(m)
+            if m is not None:
+                child.set_manifest(m)
+            else:  # listed, EIO on it; descriptors open on its last version still read it
+                child.damaged = why
             child.manifest_key_size = size
 
     def _gone(self, dnode: DirNode, node: Node) -> None:
@@ -188,23 +211,41 @@ class Lister:
         self.on_gone(dnode.inode, node.name)
 
     async def read_manifest(self, path: str) -> Manifest | None:
-        return await self._read_record(path, manifests.file_key, Manifest.from_json, "manifest")
+        """The file's manifest; None if it is absent or cannot be read now (a store
+        error, an unsafe name: logged); DamagedRecord if it is damaged."""
+        return await self._read_record(path, manifests.file_key, Manifest.from_json,
+                                       "manifest", "EIO on it until it is repaired or deleted")
 
     async def read_marker(self, path: str) -> DirMarker | None:
-        return await self._read_record(path, manifests.dir_key, DirMarker.from_json,
-                                       "directory marker")
+        """The directory's marker; None if absent, unreadable now, or damaged (then the
+        directory keeps the default mode)."""
+        try:
+            return await self._read_record(path, manifests.dir_key, DirMarker.from_json,
+                                           "directory marker", "the directory shows mode 0755")
+        except DamagedRecord:
+            return None
 
     async def _read_record(self, path: str, key_of: Callable[[str], str],
-                           parse: Callable[[bytes], T], what: str) -> T | None:
-        """GET and parse a manifest or marker; None (and a log line) if absent or bad."""
+                           parse: Callable[[bytes], T], what: str, then: str) -> T | None:
+        """GET and parse a manifest or marker: None if absent or not readable now (logged),
+        DamagedRecord if damaged (logged once per key and reason; `then` says what the
+        user sees)."""
         try:
-            return parse(await retrying_async(self.store.get, key_of(path)))
+            key = key_of(path)
+            record = parse(await retrying_async(self.store.get, key))
         except NotFoundError:
+            self._damaged.pop(key, None)
             return None
-        except (FormatError, ValueError) as e:
-            log.error("unreadable %s for %s: %s", what, path, e)
+        except FormatError as e:
+            if self._damaged.get(key) != str(e):
+                self._damaged[key] = str(e)
+                log.error("damaged %s %s: %s; %s", what, key, e, then)
+            raise DamagedRecord(f"damaged {what} {key}: {e}") from None
         except StoreError as e:
             log.warning("cannot read the %s of %s: %s", what, path, e)
+            return None
         except InvalidKeyError as e:
             log.error("skipping an unsafe name in the store: %s", e)
-        return None
+            return None
+        self._damaged.pop(key, None)  # sound (again): a later damage is logged again
+        return record

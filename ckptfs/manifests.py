@@ -66,6 +66,98 @@ def confirm_window_from(value: str | None) -> float:
 CONFIRM_WINDOW = confirm_window_from(os.environ.get(CONFIRM_WINDOW_ENV))
 #: a chunk name as codec.chunk_hash() writes it: xxh3-128 in lowercase hex
 CHUNK_NAME = re.compile(r"[0-9a-f]{32}")
+#: sizes and lengths are below this; times are int64 nanoseconds, within +-this
+INT63 = 2**63
+#: st_mode is 16 bits: the type (S_IFMT) and the permission bits
+MODE_MAX = 0o177777
+_REQUIRED = object()
+
+
+class RecordReader:
+    """The fields of one JSON record read from the store, each checked for its type and
+    range: every record parser goes through it, and the only error it raises is
+    FormatError (naming the record and the field). JSON `true`/`false` are not integers."""
+
+    def __init__(self, blob: bytes, what: str, empty_ok: bool = False) -> None:
+        self.what = what
+        if empty_ok and not blob:
+            self.d: dict[str, object] = {}
+            return
+        try:
+            d = json.loads(blob)
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+            raise FormatError(f"{what} is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise FormatError(f"{what} is not a JSON object")
+        self.d = d
+
+    def problem(self, why: str) -> FormatError:
+        return FormatError(f"{self.what} is not valid: {why}")
+
+    def _get(self, key: str, default: object) -> object:
+        if key in self.d:
+            return self.d[key]
+        if default is _REQUIRED:
+            raise self.problem(f"no {key!r}")
+        return default
+
+    def has(self, key: str) -> bool:
+        return key in self.d
+
+    def integer(self, key: str, low: int, high: int, default: object = _REQUIRED) -> int:
+        """An integer field in [low, high]."""
+        value = self._get(key, default)
+        return self.check_int(key, value, low, high)
+
+    def check_int(self, name: str, value: object, low: int, high: int) -> int:
+        if type(value) is not int or not low <= value <= high:
+            raise self.problem(f"{name} is {_shown(value)}, not an integer in [{low}, {high}]")
+        return value
+
+    def string(self, key: str, default: object = _REQUIRED) -> str:
+        """A string field that is valid Unicode (it can be written as UTF-8)."""
+        value = self._get(key, default)
+        return self.check_str(key, value)
+
+    def check_str(self, name: str, value: object) -> str:
+        if not isinstance(value, str):
+            raise self.problem(f"{name} is {_shown(value)}, not a string")
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise self.problem(f"{name} is {_shown(value)}, not valid Unicode") from None
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        """A finite number (integer or not)."""
+        value = self._get(key, default)
+        if type(value) is int and abs(value) < 2**1000:
+            value = float(value)
+        if type(value) is not float or not math.isfinite(value):
+            raise self.problem(f"{key} is {_shown(value)}, not a finite number")
+        return value
+
+    def version(self, key: str, newest: int, default: object = _REQUIRED) -> int:
+        """A record version: FormatError saying "newer" for one above `newest`."""
+        value = self._get(key, default)
+        if type(value) is int and value > newest:
+            raise FormatError(f"{self.what} format {key}={_shown(value)} is newer than this "
+                              f"ckptfs knows ({newest}); upgrade ckptfs")
+        return self.check_int(key, value, 1, newest)
+
+    def items(self, key: str, default: object = _REQUIRED) -> list[object]:
+        value = self._get(key, default)
+        if not isinstance(value, list):
+            raise self.problem(f"{key} is {_shown(value)}, not a list")
+        return value
+
+
+def _shown(value: object) -> str:
+    """A value as JSON for a one-line message, at most 40 characters of it."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_path(path: str) -> str:
@@ -159,30 +251,27 @@ class StoreInfo:
 
     @classmethod
     def from_json(cls, blob: bytes) -> StoreInfo:
-        try:
-            d = json.loads(blob)
-            version = int(d["format"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise FormatError(f"{INFO_KEY} is not valid: {e}") from None
+        """Parse and validate; FormatError for anything malformed, unknown or newer."""
+        r = RecordReader(blob, INFO_KEY)
+        version = r.integer("format", 1, INT63 - 1)
         if version > FORMAT_VERSION:
             raise FormatError(
                 f"store format version {version} is newer than this ckptfs supports "
                 f"({FORMAT_VERSION}); upgrade ckptfs")
-        if d.get("hash", HASH_NAME) != HASH_NAME:
-            raise FormatError(f"store uses hash {d.get('hash')!r}, ckptfs knows {HASH_NAME}")
-        chunking, codec = FORMAT_DEFAULTS.get(version, FORMAT_DEFAULTS[1])
-        try:
-            if version >= 2:  # format 1 had no such fields: fixed chunks and lz4
-                chunking, codec = str(d["chunking"]), str(d["codec"])
-            info = cls(chunk_size=int(d["chunk_size"]), format=version, hash=HASH_NAME,
-                       created_by=str(d.get("created_by", "")),
-                       created_at=float(d.get("created_at", 0)), chunking=chunking,
-                       codec=codec, min_record=int(d.get("min_record", DEFAULT_MIN_RECORD)))
-        except (ValueError, KeyError, TypeError) as e:
-            raise FormatError(f"{INFO_KEY} is not valid: {e!r}") from None
+        hash_name = r.string("hash", HASH_NAME)
+        if hash_name != HASH_NAME:
+            raise FormatError(f"store uses hash {hash_name!r}, ckptfs knows {HASH_NAME}")
+        chunking, codec = FORMAT_DEFAULTS[version]
+        if version >= 2:  # format 1 had no such fields: fixed chunks and lz4
+            chunking, codec = r.string("chunking"), r.string("codec")
+        low, high = MIN_RECORD_RANGE
+        info = cls(chunk_size=r.integer("chunk_size", 0, INT63 - 1), format=version,
+                   hash=HASH_NAME, created_by=r.string("created_by", ""),
+                   created_at=r.number("created_at", 0.0), chunking=chunking, codec=codec,
+                   min_record=r.integer("min_record", 0, INT63 - 1, DEFAULT_MIN_RECORD))
         problem = info.problem()
         if problem:
-            raise FormatError(f"{INFO_KEY} is not valid: {problem}")
+            raise r.problem(problem)
         return info
 
     def problem(self) -> str | None:
@@ -236,29 +325,41 @@ class Manifest:
 
     @classmethod
     def from_json(cls, blob: bytes) -> Manifest:
-        """Parse and validate; FormatError for anything malformed or from a newer format."""
-        try:
-            d = json.loads(blob)
-            if int(d["v"]) > RECORD_VERSION:
-                raise FormatError(f"manifest format {d['v']} is newer than this ckptfs")
-            target = d.get("target")
-            chunks = tuple((str(h), int(n)) for h, n in d.get("chunks", ()))
-            m = cls(size=int(d["size"]), mode=int(d["mode"]), mtime_ns=int(d["mtime_ns"]),
-                    chunks=chunks, chunk_size=int(d.get("chunk_size", DEFAULT_CHUNK_SIZE)),
-                    writer=str(d.get("writer", "")),
-                    target=None if target is None else str(target))
-        except FormatError:
-            raise
-        except (ValueError, KeyError, TypeError) as e:
-            raise FormatError(f"manifest is not valid: {e!r}") from None
-        if m.target is None and sum(n for _, n in m.chunks) != m.size:
-            raise FormatError("manifest chunk lengths do not add up to its size")
-        if any(n < 0 or not CHUNK_NAME.fullmatch(h) for h, n in m.chunks):
-            raise FormatError("manifest names a malformed chunk")
-        if m.target is None and not stat.S_ISREG(m.mode):
-            m = Manifest(m.size, stat.S_IFREG | (m.mode & 0o7777), m.mtime_ns, m.chunks,
-                         m.chunk_size, m.writer)
-        return m
+        """Parse and validate every field (docs/FORMAT.md, "Manifests"); FormatError for
+        anything malformed, out of range or from a newer format, and nothing else."""
+        r = RecordReader(blob, "manifest")
+        r.version("v", RECORD_VERSION)
+        size = r.integer("size", 0, INT63 - 1)
+        mode = r.integer("mode", 0, MODE_MAX)
+        mtime_ns = r.integer("mtime_ns", -INT63, INT63 - 1)
+        writer = r.string("writer", "")
+        if r.has("target"):  # a symlink: its target instead of chunks
+            target = r.string("target")
+            if "\0" in target:
+                raise r.problem("the symlink target holds a NUL")
+            if r.has("chunks") or r.has("chunk_size"):
+                raise r.problem("a symlink manifest lists chunks")
+            if size != len(target.encode()):
+                raise r.problem(f"size {size} is not the length of the symlink target "
+                                f"({len(target.encode())} bytes)")
+            return cls(size, mode, mtime_ns, writer=writer, target=target)
+        chunk_size = r.integer("chunk_size", 0, INT63 - 1, DEFAULT_CHUNK_SIZE)
+        chunks = []
+        for i, c in enumerate(r.items("chunks", [])):
+            if not isinstance(c, list) or len(c) != 2:
+                raise r.problem(f"chunk {i} is not a [name, length] pair")
+            name = c[0]
+            if not isinstance(name, str) or not CHUNK_NAME.fullmatch(name):
+                raise r.problem(f"chunk {i} has a malformed name (want 32 lowercase hex "
+                                f"digits): {_shown(name)}")
+            chunks.append((name, r.check_int(f"the length of chunk {i}", c[1], 0,
+                                             MAX_CHUNK_SIZE)))
+        if sum(n for _, n in chunks) != size:
+            raise r.problem(f"the chunk lengths add up to {sum(n for _, n in chunks)}, not "
+                            f"to its size {size}")
+        # a file manifest describes a regular file, whatever type bits it gives
+        return cls(size, stat.S_IFREG | (mode & 0o7777), mtime_ns, tuple(chunks), chunk_size,
+                   writer)
 
 
 @dataclass(frozen=True)
@@ -274,9 +375,46 @@ class DirMarker:
 
     @classmethod
     def from_json(cls, blob: bytes) -> DirMarker:
-        try:
-            d = json.loads(blob) if blob else {}
-            return cls(mode=stat.S_IFDIR | (int(d.get("mode", 0o755)) & 0o7777),
-                       mtime_ns=int(d.get("mtime_ns", 0)))
-        except (ValueError, TypeError) as e:
-            raise FormatError(f"directory marker is not valid: {e!r}") from None
+        """Parse and validate (an empty body: the defaults); FormatError for anything
+        malformed, out of range or from a newer format, and nothing else."""
+        r = RecordReader(blob, "directory marker", empty_ok=True)
+        if r.has("v"):
+            r.version("v", RECORD_VERSION)
+        mode = r.integer("mode", 0, MODE_MAX, 0o755)
+        return cls(mode=stat.S_IFDIR | (mode & 0o7777),
+                   mtime_ns=r.integer("mtime_ns", -INT63, INT63 - 1, 0))
+
+
+@dataclass(frozen=True)
+class RenameIntent:
+    """The body of intents/<node>-<seq>.json: a directory rename in progress."""
+
+    src: str
+    dst: str
+    writer: str = ""
+    time: float = 0.0
+
+    def to_json(self) -> bytes:
+        return json.dumps({"v": RECORD_VERSION, "op": "rename_dir", "src": self.src,
+                           "dst": self.dst, "writer": self.writer, "time": self.time}).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes) -> RenameIntent:
+        """Parse and validate; FormatError for anything malformed, unknown or newer, and
+        for a rename no writer makes (of the root, or into or onto itself)."""
+        r = RecordReader(blob, "rename intent")
+        r.version("v", RECORD_VERSION)
+        op = r.string("op")
+        if op != "rename_dir":
+            raise r.problem(f"op is {_shown(op)}, not \"rename_dir\"")
+        paths = []
+        for key in ("src", "dst"):
+            try:
+                paths.append(check_path(r.string(key)))
+            except InvalidKeyError as e:
+                raise r.problem(f"{key}: {e}") from None
+        src, dst = paths
+        if not src or not dst or src == dst or dst.startswith(src + "/") or (
+                src.startswith(dst + "/")):
+            raise r.problem(f"a rename of {src!r} to {dst!r} is not one a writer makes")
+        return cls(src, dst, r.string("writer", ""), r.number("time", 0.0))

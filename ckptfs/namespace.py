@@ -106,6 +106,7 @@ class FileNode(Node):
     checked_at: float = 0.0  # monotonic time the manifest was last read
     opens: int = 0
     publish_error: str | None = None  # why the last publish at release failed
+    damaged: str | None = None  # why its manifest in the store is damaged (listing.py)
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
@@ -114,6 +115,7 @@ class FileNode(Node):
         return self.buffer.size if self.buffer is not None else self.size
 
     def set_manifest(self, m: Manifest) -> None:
+        self.damaged = None
         self.manifest = m
         self.offsets = m.chunk_offsets()
         self.size = m.size

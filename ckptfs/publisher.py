@@ -34,7 +34,6 @@ uploaded early and freed from the cache, filesystem.py), and those only.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter, deque
@@ -56,7 +55,7 @@ from .errors import (
     StoreError,
 )
 from .journal import Journal, Op
-from .manifests import Manifest
+from .manifests import Manifest, RenameIntent
 from .retry import BACKGROUND, STORE_CALL, retrying
 from .store.base import Store
 
@@ -407,9 +406,8 @@ class Publisher:
         elif op.kind == "rename_dir":
             assert op.path2 is not None
             intent = f"{manifests.INTENTS}{self.node_id}-{op.seq}.json"
-            self.store.put(intent, json.dumps({
-                "v": 1, "op": "rename_dir", "src": op.path, "dst": op.path2,
-                "writer": self.node_id, "time": time.time()}).encode())
+            self.store.put(intent, RenameIntent(op.path, op.path2, self.node_id,
+                                                time.time()).to_json())
             crash_point("rename_dir_intent")
             try:
                 self._rename_dir(op.path, op.path2)
@@ -466,18 +464,15 @@ class Publisher:
         done = 0
         for key, _ in self.store.list(manifests.INTENTS, delimiter=None).objects:
             try:
-                intent = json.loads(self.store.get(key))
-                src = manifests.check_path(str(intent["src"]))
-                dst = manifests.check_path(str(intent["dst"]))
-                if intent.get("op") != "rename_dir":
-                    raise FormatError(f"unknown intent {intent.get('op')!r}")
+                intent = RenameIntent.from_json(self.store.get(key))
             except NotFoundError:
                 continue  # its owner finished it meanwhile
-            except (ValueError, KeyError, TypeError, FormatError, InvalidKeyError) as e:
-                log.error("unreadable rename intent %s left alone: %s", key, e)
+            except FormatError as e:
+                log.error("damaged rename intent %s left alone: %s", key, e)
                 continue
+            src, dst = intent.src, intent.dst
             log.warning("rolling forward the interrupted rename %s -> %s (by node %s)",
-                        src, dst, intent.get("writer", "?"))
+                        src, dst, intent.writer or "?")
             try:
                 self._rename_dir(src, dst)
             except InvalidKeyError as e:  # checked before any copy: nothing was changed

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from . import inspection, manifests
 from .config import format_duration, parse_duration
 from .errors import ConfigError, FormatError, KeyTooLongError, NoEntry, NotFoundError
-from .manifests import FILES, TRASH, Manifest
+from .manifests import FILES, TRASH, DirMarker, Manifest
 from .store.base import ObjectInfo, Store
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ class Entry:
     node: str
     size: int = 0       # a file's size (read_sizes), 0 for a directory
     symlink: bool = False
+    damaged: str | None = None  # why its manifest or marker is damaged (read_sizes)
 
     @property
     def expires(self) -> float:
@@ -109,7 +110,8 @@ class Entry:
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "dir": self.is_dir, "key": self.key,
                 "deleted": self.deleted, "expires": None if math.isinf(self.keep)
-                else self.expires, "node": self.node, "size": self.size}
+                else self.expires, "node": self.node, "size": self.size,
+                "damaged": self.damaged}
 
 
 def parse(info: ObjectInfo) -> Entry | None:
@@ -146,15 +148,22 @@ def entries(store: Store, path: str = "") -> list[Entry]:
 
 
 def read_sizes(store: Store, found: list[Entry]) -> None:
-    """Fill in the size of each file entry from its manifest (16 GETs at a time)."""
-    def size(e: Entry) -> tuple[int, bool]:
+    """Fill in the size of each file entry from its manifest, and `damaged` of each entry
+    whose manifest or marker is damaged (16 GETs at a time)."""
+    def size(e: Entry) -> tuple[int, bool, str | None]:
         try:
-            m = Manifest.from_json(store.get(e.key))
-        except (NotFoundError, FormatError):
-            return 0, False
-        return (0 if m.is_symlink else m.size), m.is_symlink
-    for e, (n, link) in inspection.parallel_map(size, [e for e in found if not e.is_dir]):
-        e.size, e.symlink = n, link
+            blob = store.get(e.key)
+            if e.is_dir:
+                DirMarker.from_json(blob)
+                return 0, False, None
+            m = Manifest.from_json(blob)
+        except NotFoundError:
+            return 0, False, None
+        except FormatError as why:
+            return 0, False, str(why)
+        return (0 if m.is_symlink else m.size), m.is_symlink, None
+    for e, (n, link, damaged) in inspection.parallel_map(size, found):
+        e.size, e.symlink, e.damaged = n, link, damaged
 
 
 # ---------------------------------------------------------------------------- ls
@@ -244,6 +253,8 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
     result = Restored(path, to, dry_run)
 
     def one(e: Entry) -> str | None:
+        if e.damaged is not None:
+            return f"damaged: {e.damaged}"
         dest = to + e.path[len(path):] if to else e.path[len(path):].lstrip("/")
         if not dest and not e.is_dir:
             return "a file cannot take the place of the root directory"

@@ -156,7 +156,7 @@ def test_fsck(st: StoreUnderTest) -> None:
     report = inspection.fsck(st.store)
     assert not report.clean
     assert {(p.path, p.kind) for p in report.problems} == {
-        ("step-3/bad", "unreadable"), ("step-3/model.pt", "missing")}
+        ("step-3/bad", "damaged"), ("step-3/model.pt", "missing")}
     r = st.cli("fsck", "--json")
     d = json.loads(r.stdout)
     assert r.returncode == 1 and not d["clean"]

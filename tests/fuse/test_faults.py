@@ -1149,20 +1149,23 @@ def test_unsafe_names_and_manifests_in_the_store_are_ignored(
         ("intents/evil.json", len(watched["intents/evil.json"])),
         ("intents/evil2.json", len(watched["intents/evil2.json"]))]
     names = sorted(os.listdir(b.path))
-    # '..%2f..%2fetc' is no escaped name LocalStore writes: listed, unreadable, left out
-    assert names == ["good.bin", "sub"], names
+    # '..%2f..%2fetc' is no escaped name LocalStore writes: listed, unsafe, left out; the
+    # damaged manifests are listed, and give EIO
+    damaged = ["bad-size.bin", "evil.bin", "evil2.bin", "garbage.bin"]
+    assert names == [*damaged, "good.bin", "sub"], names
     assert os.listdir(b / "sub") == []
-    for bad in ("evil.bin", "evil2.bin", "bad-size.bin", "garbage.bin"):
-        with pytest.raises(FileNotFoundError):
-            os.stat(b / bad)
+    for bad in damaged:
+        with pytest.raises(OSError) as e:
+            open(b / bad, "rb")
+        assert e.value.errno == errno.EIO, (bad, e.value)
     assert (b / "good.bin").read_bytes() == good
     (b / "sub" / "new.bin").write_bytes(b"new")
     assert (b / "sub" / "new.bin").read_bytes() == b"new"
     assert status(b)["pid"] == b.pid  # the daemon is alive and well
     assert b.umount().returncode == 0
     log = (b.cache / "ckptfs.log").read_text()
-    assert "unsafe" in log and "unreadable manifest" in log, log
-    assert "unreadable rename intent" in log
+    assert "unsafe" in log and "damaged manifest" in log, log
+    assert "damaged rename intent" in log
     after = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("b-"))
     assert after == before  # nothing written outside the store
     # still left alone after the unmount, not acted on
