@@ -17,6 +17,7 @@ from ckptfs.journal import Journal
 from ckptfs.mount import create_store, read_store_info
 from ckptfs.namespace import FileNode
 from ckptfs.publisher import Publisher
+from ckptfs.recovery import JournalCheck
 from ckptfs.store.base import AsyncStore
 from ckptfs.store.local import LocalStore
 from ckptfs.uploader import Uploader
@@ -38,7 +39,7 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
     info = read_store_info(store) or create_store(store, CHUNK)
     journal = Journal(str(root / "journal.sqlite"))
     cache = LocalCache(str(root / "cache"), cache_size)
-    cache.scan(keep_staging=journal.staging_in_use())
+    cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=journal.damage is not None)
     journal_limiter = trio.CapacityLimiter(1)
     uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads,
                         codec_name=info.codec)
@@ -47,6 +48,10 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
     fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
                       publisher, info,
                       Options(writer_id="node-a", publish_timeout=10.0 if publish else 0.0))
+    damage = journal.damage
+    if damage is not None:
+        fs.journal_check = JournalCheck(store, journal, journal_limiter, cache, uploader,
+                                        publisher, "node-a", damage)
     try:
         await uploader.resume(journal.pending_chunks())
         publisher.load(journal.pending_ops())
@@ -56,6 +61,8 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
             await nursery.start(fetcher.run)
             if publish:
                 await nursery.start(publisher.run)
+            if fs.journal_check is not None:
+                await nursery.start(fs.journal_check.run)
             yield fs
             nursery.cancel_scope.cancel()
     finally:
