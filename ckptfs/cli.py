@@ -399,7 +399,7 @@ def umount_dead(entry: mounts.MountEntry) -> int:
                        f"it had not finished")
     try:
         damage = journal_damage(cache_dir)
-        chunks, ops = journal_counts(cache_dir)
+        chunks, ops = (0, 0) if damage else journal_counts(cache_dir)
     except (JournalError, OSError) as e:
         raise CliError(f"{gone}; cannot read the journal in {cache_dir} ({e}); the next mount "
                        f"with --cache-dir {shlex.quote(cache_dir)} resumes what it holds, or "
