@@ -7,7 +7,8 @@ umount) and the cache keeps every staging file (LocalCache.unnamed). The check:
 
 1. lists the manifests under files/ written since `since()`: the oldest staging file
    kept, and at least the last RECENT seconds, less CLOCK_SKEW (store and node clocks);
-2. reads those whose writer is this node (Manifest.writer);
+2. reads them (16 GETs at a time) and keeps those whose writer is this node
+   (Manifest.writer);
 3. HEADs every chunk of them that the journal does not have queued for upload; a
    missing one is copied back from fossils/, else uploaded again from a staging file
    that holds it at its file offset (those of the file's size first; the hash decides),
@@ -33,6 +34,7 @@ import trio
 from . import manifests
 from .cache import LocalCache
 from .errors import FormatError, InvalidKeyError, JournalError, NotFoundError, StoreError
+from .inspection import parallel_map
 from .journal import Journal
 from .manifests import Manifest
 from .publisher import CONFIRM_THREADS, Publisher, RetryingStore
@@ -150,13 +152,12 @@ class JournalCheck:
         report = CheckReport(since=self.since())
         staging = self._open_staging()
         try:
-            for info in self.store.scan(manifests.FILES):
-                if info.key.endswith("/") or info.mtime < report.since:
-                    continue
-                m = self._own_manifest(info.key)
+            recent = (info.key for info in self.store.scan(manifests.FILES)
+                      if not info.key.endswith("/") and info.mtime >= report.since)
+            for key, m in parallel_map(self._own_manifest, recent):  # GETs, 16 at a time
                 if m is not None:
-                    self._check_file(manifests.path_of_key(info.key), m, journaled,
-                                     staging, report)
+                    self._check_file(manifests.path_of_key(key), m, journaled, staging,
+                                     report)
         finally:
             for sid, (fd, _) in staging.items():
                 if sid in self.cache.unnamed:
