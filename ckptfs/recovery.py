@@ -94,20 +94,27 @@ class JournalCheck:
         delays = BACKGROUND.delays()
         while True:
             journaled = self.uploader.pending_hashes()
+            kept = {st.id: st.path for st in self.cache.staging.values()}
+            kept.update(self.cache.unnamed)  # read in the trio thread, which changes them
             try:
-                report = await trio.to_thread.run_sync(self._check_sync, journaled,
+                report = await trio.to_thread.run_sync(self._check_sync, journaled, kept,
                                                        limiter=self.limiter)
                 break
             except StoreError as e:
                 log.warning("the journal check failed (retrying): %s", e)
                 await trio.sleep(next(delays))
         for path, chunk_hash in report.lost:
-            await self._record_lost(path, chunk_hash)
+            # a file this mount closed during the check: its chunk is on its way
+            if not self.uploader.is_pending(chunk_hash) and chunk_hash not in (
+                    self.uploader.in_store):
+                await self._record_lost(path, chunk_hash)
         try:
             await trio.to_thread.run_sync(self.journal.checked, limiter=self.journal_limiter)
         except JournalError as e:  # the next mount checks again
             log.warning("could not record the journal check as done: %s", e)
-        moved = await trio.to_thread.run_sync(self._remove_unnamed, report.claimed,
+        unnamed = dict(self.cache.unnamed)
+        self.cache.unnamed.clear()
+        moved = await trio.to_thread.run_sync(self._remove_unnamed, unnamed, report.claimed,
                                               limiter=self.limiter)
         self.done = True
         log.log(logging.ERROR if report.lost else logging.WARNING,
@@ -123,12 +130,12 @@ class JournalCheck:
     def unclaimed_dir(self) -> str:
         return os.path.join(self.cache.root, "unclaimed")
 
-    def since(self) -> float:
-        """The oldest store mtime of a manifest the check reads (module docstring)."""
-        kept = list(self.cache.unnamed.values()) + [st.path for st in
-                                                    self.cache.staging.values()]
+    @staticmethod
+    def since(kept: dict[int, str]) -> float:
+        """The oldest store mtime of a manifest the check reads (module docstring), given
+        the staging files kept (id -> path)."""
         oldest = time.time() - RECENT
-        for path in kept:
+        for path in kept.values():
             try:
                 oldest = min(oldest, os.stat(path).st_mtime)
             except OSError:
@@ -148,9 +155,11 @@ class JournalCheck:
                   now or f"{path} (since deleted or rewritten)", chunk_hash, LOST_REASON)
 
     # -- in a thread ---------------------------------------------------------------------
-    def _check_sync(self, journaled: set[str]) -> CheckReport:
-        report = CheckReport(since=self.since())
-        staging = self._open_staging()
+    def _check_sync(self, journaled: set[str], kept: dict[int, str]) -> CheckReport:
+        """The check of this node's recent files; `journaled`: the chunks the uploader has
+        queued (its business), `kept`: the staging files (id -> path)."""
+        report = CheckReport(since=self.since(kept))
+        staging = self._open_staging(kept)
         try:
             recent = (info.key for info in self.store.scan(manifests.FILES)
                       if not info.key.endswith("/") and info.mtime >= report.since)
@@ -159,18 +168,20 @@ class JournalCheck:
                     self._check_file(manifests.path_of_key(key), m, journaled, staging,
                                      report)
         finally:
-            for sid, (fd, _) in staging.items():
-                if sid in self.cache.unnamed:
-                    os.close(fd)
+            for fd, _ in staging.values():
+                os.close(fd)
         return report
 
-    def _open_staging(self) -> dict[int, tuple[int, int]]:
-        """Every staging file kept: id -> (fd, size). Unnamed ones are opened here."""
-        out = {st.id: (st.fd, os.fstat(st.fd).st_size) for st in self.cache.staging.values()
-               if st.fd >= 0}
-        for sid, path in self.cache.unnamed.items():
+    @staticmethod
+    def _open_staging(kept: dict[int, str]) -> dict[int, tuple[int, int]]:
+        """The staging files kept, opened here (an fd of the cache's may be closed by an
+        eviction meanwhile; one removed since is skipped): id -> (fd, size)."""
+        out = {}
+        for sid, path in kept.items():
             try:
                 fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
             except OSError as e:
                 log.warning("cannot read staging file %s: %s", path, e)
                 continue
@@ -212,19 +223,23 @@ class JournalCheck:
             else:
                 report.lost.append((path, chunk_hash))
 
-    def _remove_unnamed(self, claimed: set[int]) -> int:
-        """Delete the unnamed staging files that matched a checked file; move the others
-        to unclaimed/. Returns how many were moved."""
+    def _remove_unnamed(self, unnamed: dict[int, str], claimed: set[int]) -> int:
+        """Delete the unnamed staging files (id -> path) that matched a checked file;
+        move the others to unclaimed/ (as <id>, or <id>.<n> beside an earlier one).
+        Returns how many were moved."""
         moved = 0
-        for sid, path in sorted(self.cache.unnamed.items()):
+        for sid, path in sorted(unnamed.items()):
             try:
                 if sid in claimed:
                     os.unlink(path)
-                else:
-                    os.makedirs(self.unclaimed_dir, mode=0o700, exist_ok=True)
-                    os.replace(path, os.path.join(self.unclaimed_dir, str(sid)))
-                    moved += 1
+                    continue
+                os.makedirs(self.unclaimed_dir, mode=0o700, exist_ok=True)
+                target, n = os.path.join(self.unclaimed_dir, str(sid)), 0
+                while os.path.exists(target):
+                    n += 1
+                    target = os.path.join(self.unclaimed_dir, f"{sid}.{n}")
+                os.rename(path, target)
+                moved += 1
             except OSError as e:
                 log.warning("could not remove staging file %s: %s", path, e)
-        self.cache.unnamed.clear()
         return moved

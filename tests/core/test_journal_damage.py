@@ -5,13 +5,17 @@ until then; what is still staged is uploaded again, the rest reported lost."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
+import pytest
 from corefs import CHUNK, ROOT, core, read_file, run, write_file
-from support import journal_as_killed, random_bytes, restore_killed
+from support import journal_as_killed, random_bytes, restore_killed, wait_until_async
 
 from ckptfs import codec
 from ckptfs.manifests import chunk_key
+from ckptfs.recovery import JournalCheck
 from ckptfs.store.local import LocalStore
 
 FIRST_FRAME = 32 + 24 + 100  # a byte of the log's first page: every frame is dropped
@@ -173,3 +177,33 @@ def test_staging_files_nothing_names_are_kept_for_the_operator(tmp_path: Path) -
     run(remount)
     assert (tmp_path / "cache" / "unclaimed" / "999").read_bytes() == b"half a file"
     assert os.listdir(tmp_path / "cache" / "staging") == []
+
+
+def test_a_file_closed_during_the_check_is_not_reported_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mount serves while the check runs: a file closed meanwhile (its chunks still
+    on their way to the store, and in no staging file the check knew of) is this
+    mount's own journal's business, never recorded as lost by the check."""
+    journal = str(tmp_path / "journal.sqlite")
+    restore_killed(journal, killed_while_uploads_fail(tmp_path), damage_wal_at=FIRST_FRAME)
+    gate = threading.Event()
+    check = JournalCheck._check_sync
+
+    def held(self: JournalCheck, *args: Any) -> Any:
+        assert gate.wait(30)
+        return check(self, *args)
+
+    monkeypatch.setattr(JournalCheck, "_check_sync", held)
+    newer = random_bytes(2 * CHUNK, 19)
+
+    async def remount() -> None:
+        async with core(tmp_path, upload=False) as fs:
+            await write_file(fs, "newer.pt", newer)  # journaled by this mount, not uploaded
+            await fs.publisher.wait_empty()
+            gate.set()
+            assert fs.journal_check is not None
+            await wait_until_async(lambda: fs.checked())
+            st = fs.statistics()
+            assert st.problems == [] and st.pending_chunks == 2, st
+
+    run(remount)
