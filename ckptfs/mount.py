@@ -249,8 +249,14 @@ def prepare(cfg: MountConfig) -> Prepared:
         journal.set_meta("store", store.url)
     if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely
         journal.set_meta("cache_id", uuid.uuid4().hex[:8])
+    damage = journal.damage
+    if damage is not None:
+        notices.append(Notice(logging.WARNING, (
+            f"the journal in {cfg.cache_dir} lost committed state ({damage}); the mount "
+            f"checks the files this node wrote against the store, and is not durable "
+            f"until that is done (ckptfs status)")))
     cache = LocalCache(cfg.cache_dir, cfg.cache_size)
-    cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=journal.damage is not None)
+    cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=damage is not None)
     return Prepared(cfg, store, info, journal, cache, lock_fd, notices)
 
 
