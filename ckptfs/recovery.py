@@ -103,11 +103,11 @@ class JournalCheck:
             except StoreError as e:
                 log.warning("the journal check failed (retrying): %s", e)
                 await trio.sleep(next(delays))
+        # a chunk of a file this mount closed during the check is on its way: not lost
+        report.lost = [(path, h) for path, h in report.lost
+                       if not self.uploader.is_pending(h) and h not in self.uploader.in_store]
         for path, chunk_hash in report.lost:
-            # a file this mount closed during the check: its chunk is on its way
-            if not self.uploader.is_pending(chunk_hash) and chunk_hash not in (
-                    self.uploader.in_store):
-                await self._record_lost(path, chunk_hash)
+            await self._record_lost(path, chunk_hash)
         try:
             await trio.to_thread.run_sync(self.journal.checked, limiter=self.journal_limiter)
         except JournalError as e:  # the next mount checks again
