@@ -119,16 +119,24 @@ class LocalCache:
         self.misses = 0
         self.evicted_bytes = 0
         self._punch_failed = False
+        #: staging files kept at scan though the journal does not name them: id -> path
+        self.unnamed: dict[int, str] = {}
 
     # -- startup -------------------------------------------------------------------
-    def scan(self, keep_staging: set[int]) -> None:
+    def scan(self, keep_staging: set[int], keep_unnamed: bool = False) -> None:
         """Index the read cache (unverified: see verify_cached); delete staging files
         the journal no longer needs (`keep_staging`: Journal.staging_in_use(), those with
-        journaled chunks or an unapplied put_file op)."""
+        journaled chunks or an unapplied put_file op). With `keep_unnamed` (the journal
+        may have lost committed state: Journal.damage), the others are kept too, in
+        `unnamed`, for the check against the store (recovery.py) to read and remove."""
         for name in os.listdir(self.staging_dir):
             sid = int(name) if name.isdigit() else -1
             self._next_staging_id = max(self._next_staging_id, sid + 1)
-            if sid not in keep_staging:
+            if sid in keep_staging:
+                continue
+            if keep_unnamed and sid >= 0:
+                self.unnamed[sid] = os.path.join(self.staging_dir, name)
+            else:
                 os.unlink(os.path.join(self.staging_dir, name))
         for sid in keep_staging:
             path = os.path.join(self.staging_dir, str(sid))

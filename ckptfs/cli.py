@@ -224,8 +224,12 @@ def state_line(st: dict[str, Any]) -> str:
         why.append("uploading")
     if st["open_files"]:
         why.append(f"{st['open_files']} files open with data not yet published")
-    if st.get("problems"):
-        why.append(f"{len(st['problems'])} files could not be saved (see errors)")
+    files = len(st.get("problems") or ()) - bool(st.get("journal_damage"))
+    if st.get("journal_damage"):
+        why.append("the journal lost committed state: checking the files written here "
+                   "against the store")
+    if files:
+        why.append(f"{files} files could not be saved (see errors)")
     return "not durable: " + ", ".join(why or ["uploading"])
 
 
@@ -356,6 +360,12 @@ def cmd_umount(a: argparse.Namespace) -> int:
             raise CliError(f"daemon {pid} still flushing after {a.timeout:g}s; the data is "
                            f"safe in {cache_dir}")
         time.sleep(0.05)
+    damage = journal_damage(cache_dir)
+    if damage:
+        raise CliError(f"unmounted, but not durable: the journal lost committed state "
+                       f"({damage}) and the check of the files written here against the "
+                       f"store did not finish; mount again with --cache-dir "
+                       f"{shlex.quote(cache_dir)} to finish it")
     chunks, ops = journal_counts(cache_dir)
     if chunks or ops:
         raise CliError(f"unmounted, but {chunks} chunks and {ops} metadata ops are not in the "
@@ -388,11 +398,16 @@ def umount_dead(entry: mounts.MountEntry) -> int:
         raise CliError(f"{gone}; mount again with the same --cache-dir to resume the uploads "
                        f"it had not finished")
     try:
-        chunks, ops = journal_counts(cache_dir)
+        damage = journal_damage(cache_dir)
+        chunks, ops = (0, 0) if damage else journal_counts(cache_dir)
     except (JournalError, OSError) as e:
         raise CliError(f"{gone}; cannot read the journal in {cache_dir} ({e}); the next mount "
-                       f"with --cache-dir {shlex.quote(cache_dir)} resumes what it holds"
-                       ) from None
+                       f"with --cache-dir {shlex.quote(cache_dir)} resumes what it holds, or "
+                       f"checks the files written here against the store") from None
+    if damage:
+        raise CliError(f"{gone}; its journal in {cache_dir} lost committed state ({damage}): "
+                       f"the next mount with --cache-dir {shlex.quote(cache_dir)} checks the "
+                       f"files written here against the store")
     if chunks or ops:
         raise CliError(f"{gone}; {chunks} chunks and {ops} metadata ops are not in the store "
                        f"yet: they stay in {cache_dir}, and the next mount with --cache-dir "
@@ -421,6 +436,14 @@ def journal_counts(cache_dir: str) -> tuple[int, int]:
     from .journal import read_counts
 
     return read_counts(os.path.join(cache_dir, "journal.sqlite"))
+
+
+def journal_damage(cache_dir: str) -> str | None:
+    """Why the journal a stopped mount left cannot be trusted (journal.py), or None."""
+    from .journal import read_damage, wal_damage
+
+    path = os.path.join(cache_dir, "journal.sqlite")
+    return wal_damage(path) or read_damage(path)
 
 
 def journal_lost(cache_dir: str) -> list[LostFile]:

@@ -53,6 +53,7 @@ from .listing import Lister
 from .manifests import DirMarker, Manifest, StoreInfo
 from .namespace import ROOT_INODE, DirNode, FileNode, InodeTable, Node, NodeT
 from .publisher import Publisher
+from .recovery import JournalCheck
 from .store.base import AsyncStore
 from .uploader import Uploader
 from .writebuffer import NewCutter, WriteBuffer
@@ -118,6 +119,8 @@ class MountStatistics:
     errors: list[str]
     problems: list[str]
     retrying_since: float | None
+    #: why the journal cannot vouch for what is pending, until its check has run
+    journal_damage: str | None
     durable: bool
 
 
@@ -148,6 +151,8 @@ class CheckpointFS:
         self._hash_limiter = trio.CapacityLimiter(HASH_THREADS)
         self._hash_limiter.name = "hash"  # type: ignore[attr-defined]
         self.published_bytes = 0  # logical bytes of the file versions closed here
+        #: the check after the journal lost committed state (recovery.py), if one is due
+        self.journal_check: JournalCheck | None = None
 
     # ===================================================================== the tree
     def node(self, inode: int) -> Node:
@@ -785,8 +790,10 @@ class CheckpointFS:
 
     def problems(self) -> list[str]:
         """Data this mount could not save, one line each (status `errors`, the log)."""
-        out = [f"could not publish {n.path}; its data is not saved: {n.publish_error}"
-               for n in self.table.open_buffers() if n.publish_error]
+        check = self.journal_check.problem() if self.journal_check is not None else None
+        out = [check] if check is not None else []
+        out += [f"could not publish {n.path}; its data is not saved: {n.publish_error}"
+                for n in self.table.open_buffers() if n.publish_error]
         out += [f"DATA LOST: {f.path}: chunk {f.hash} is not in the store: {f.reason}; "
                 f"rewrite or delete the file" for f in self.uploader.lost_files()]
         return out
@@ -823,12 +830,20 @@ class CheckpointFS:
             errors=errors,
             problems=problems,
             retrying_since=up.retrying_since,
+            journal_damage=None if self.checked() or self.journal_check is None
+            else self.journal_check.damage,
             durable=self.flushed() and not open_files and not problems,
         )
 
+    def checked(self) -> bool:
+        """No check of a damaged journal against the store is due (recovery.py)."""
+        return self.journal_check is None or self.journal_check.done
+
     def flushed(self) -> bool:
-        """Every chunk and metadata change journaled so far is in the store."""
-        return self.uploader.pending_count() == 0 and self.publisher.pending_count == 0
+        """Every chunk and metadata change journaled so far is in the store (and the
+        journal can vouch for that: checked())."""
+        return (self.uploader.pending_count() == 0 and self.publisher.pending_count == 0
+                and self.checked())
 
     def durable(self) -> bool:
         """flushed(), no file open with unpublished data (a failed publish included), and
@@ -842,7 +857,7 @@ class CheckpointFS:
 
     def reached(self, target: tuple[int, frozenset[str]]) -> bool:
         seq, hashes = target
-        return self.publisher.applied_seq >= seq and not any(
+        return self.checked() and self.publisher.applied_seq >= seq and not any(
             self.uploader.is_pending(h) for h in hashes)
 
     async def wait_all_flushed(self) -> None:

@@ -21,14 +21,27 @@ All methods block; the filesystem calls them through one thread (a limiter of si
 so a single connection is used. WAL mode with synchronous=FULL: a commit survives a
 crash of the process and of the machine. This is the only module that imports sqlite3:
 its errors leave as errors.JournalFull (the disk is full) or errors.JournalError.
+
+A journal that lost committed state cannot be trusted to say what is pending. SQLite
+replays its write-ahead log only up to the first frame that fails its checksum, and
+drops that frame and every later one without an error. So before SQLite opens the
+journal, the log left by a process that did not close it is read here (`wal_damage`,
+the file format of sqlite.org/fileformat.html): a damaged frame of the current log
+generation that is followed by a committing frame, or is itself one, means committed
+transactions are about to be dropped. A journal SQLite refuses (not a database,
+malformed, `PRAGMA quick_check` failing) is moved aside and a new one started. Either
+way the damaged file is kept beside the journal for the operator, and the meta row
+``damaged`` records why until the check against the store (recovery.py) has run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,8 +51,16 @@ from typing import ParamSpec, TypeVar
 
 from .errors import JournalError, JournalFull
 
+log = logging.getLogger(__name__)
+
 P = ParamSpec("P")
 R = TypeVar("R")
+
+WAL_MAGIC = (0x377F0682, 0x377F0683)  # checksums of little-, big-endian 32-bit words
+WAL_HEADER = 32
+WAL_FRAME_HEADER = 24
+#: SQLite primary result codes of a file that is not a (sound) database
+_DAMAGED_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 def _journal_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -106,6 +127,76 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
+def _wal_checksum(data: bytes, big_endian: bool, s0: int = 0, s1: int = 0) -> tuple[int, int]:
+    """SQLite's WAL checksum of `data` (a multiple of 8 bytes), continuing from (s0, s1)."""
+    words = struct.unpack(f"{'>' if big_endian else '<'}{len(data) // 4}I", data)
+    for i in range(0, len(words), 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
+
+
+def wal_damage(path: str) -> str | None:
+    """Why SQLite will drop committed transactions from the write-ahead log of the
+    journal at `path` (path + '-wal'), or None when it will replay all of them.
+
+    SQLite replays the frames of the current generation (the header's salts) while each
+    checksum, chained from the previous frame's, holds, and keeps what the last valid
+    committing frame (one with a database size) committed. A frame that fails, followed
+    by any frame of the same generation that commits and is consistent with its own
+    predecessor, was written and acknowledged before frames SQLite will drop: committed
+    state is lost. A failing committing frame is counted too (a torn write of the last,
+    unacknowledged transaction looks the same: the check that follows is then harmless).
+    A failing frame with nothing committing after it is a transaction that never
+    committed, and frames of an older generation past the end are stale: both are
+    ignored, as SQLite does.
+    """
+    try:
+        with open(path + "-wal", "rb") as f:
+            wal = f.read()
+    except FileNotFoundError:
+        return None
+    if len(wal) <= WAL_HEADER:
+        return None  # no frame was ever written
+    magic, _, page_size, _, salt1, salt2, c1, c2 = struct.unpack(">8I", wal[:WAL_HEADER])
+    big = magic & 1 == 1
+    valid_size = page_size >= 512 and page_size & (page_size - 1) == 0
+    if magic not in WAL_MAGIC or not valid_size or _wal_checksum(
+            wal[:24], big) != (c1, c2):
+        return f"its write-ahead log header is damaged ({len(wal)} bytes of log ignored)"
+    frame = WAL_FRAME_HEADER + page_size
+    seed = (c1, c2)
+    broken = None  # index of the first frame SQLite rejects
+    for i in range((len(wal) - WAL_HEADER) // frame):
+        at = WAL_HEADER + i * frame
+        head = wal[at:at + WAL_FRAME_HEADER]
+        _, commit, f1, f2, k1, k2 = struct.unpack(">6I", head)
+        ours = (f1, f2) == (salt1, salt2)
+        sound = ours and _wal_checksum(head[:8] + wal[at + WAL_FRAME_HEADER:at + frame],
+                                       big, *seed) == (k1, k2)
+        if broken is None and not sound:
+            broken = i
+            if ours and commit:
+                return f"frame {i} of its write-ahead log, which commits, is damaged"
+        elif broken is not None and sound and commit:
+            return (f"frame {broken} of its write-ahead log is damaged, and frame {i} "
+                    "after it commits: SQLite drops both")
+        seed = (k1, k2)  # a later frame is checked against its own predecessor
+    return None
+
+
+def _damaged_suffix() -> str:
+    """The suffix of a damaged journal file kept for the operator: when it was found."""
+    return time.strftime(".damaged-%Y%m%dT%H%M%S")
+
+
+def _set_aside(path: str, suffix: str) -> str:
+    """Rename the file at `path` to path + suffix (kept for the operator); the new name."""
+    aside = f"{path}{suffix}"
+    os.replace(path, aside)
+    return aside
+
+
 def _counts(db: sqlite3.Connection) -> tuple[int, int]:
     c = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
     o = db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
@@ -126,6 +217,17 @@ def read_counts(path: str) -> tuple[int, int]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return _counts(db)
+    finally:
+        db.close()
+
+
+@_journal_errors
+def read_damage(path: str) -> str | None:
+    """Journal.damage of a journal not in use (read-only)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'damaged'").fetchone()
+        return None if row is None else str(row[0])
     finally:
         db.close()
 
@@ -227,17 +329,70 @@ class Journal:
 
     @_journal_errors
     def __init__(self, path: str) -> None:
-        new = not os.path.exists(path)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        if new:
-            os.chmod(path, 0o600)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        _migrate(self._db)
+        damage = wal_damage(path)
+        if damage is not None:
+            stamp = _damaged_suffix()  # SQLite is about to drop what follows: keep a copy
+            with open(path + "-wal", "rb") as src, open(path + "-wal" + stamp, "wb") as dst:
+                dst.write(src.read())
+            damage += f"; the log is kept as {path}-wal{stamp}"
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as e:
+            if getattr(e, "sqlite_errorcode", 0) & 0xFF not in _DAMAGED_CODES:
+                raise
+            stamp = _damaged_suffix()
+            damage = f"SQLite cannot read it ({e}); it is kept as {_set_aside(path, stamp)}"
+            for extra in ("-wal", "-shm"):
+                if os.path.exists(path + extra):
+                    _set_aside(path + extra, stamp)
+            self._db = self._open()
+        if damage is not None:
+            log.error("the journal %s lost committed state: %s; what this node published "
+                      "is checked against the store before the mount says durable",
+                      path, damage)
+            if self._meta("damaged") is None:  # the first reason stands until the check
+                self.set_meta("damaged", damage)
         self._lost = _lost(self._db)  # read often (status), changed rarely
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect and check the database; sqlite3.DatabaseError if it is damaged."""
+        new = not os.path.exists(self.path)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            if new:
+                os.chmod(self.path, 0o600)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            problems = [str(r[0]) for r in db.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                e = sqlite3.DatabaseError(f"quick_check: {'; '.join(problems[:3])}")
+                e.sqlite_errorcode = sqlite3.SQLITE_CORRUPT
+                raise e
+            db.executescript(SCHEMA)
+            _migrate(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    @property
+    def damage(self) -> str | None:
+        """Why this journal may have lost committed state (module docstring), until
+        the check against the store has run (checked()); None: it can be trusted."""
+        with self._lock:
+            return self._meta("damaged")
+
+    @_journal_errors
+    def checked(self) -> None:
+        """The check after a damage is done: the journal is trusted again."""
+        with self._lock:
+            self._db.execute("DELETE FROM meta WHERE key = 'damaged'")
 
     def close(self) -> None:
         with self._lock:
@@ -392,8 +547,7 @@ class Journal:
     @_journal_errors
     def get_meta(self, key: str) -> str | None:
         with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+            return self._meta(key)
 
     @_journal_errors
     def set_meta(self, key: str, value: str) -> None:

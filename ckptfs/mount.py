@@ -43,6 +43,7 @@ from .fuseops import FuseOps
 from .journal import Journal
 from .manifests import StoreInfo
 from .publisher import Publisher
+from .recovery import JournalCheck
 from .store import open_store
 from .store.base import AsyncStore, Store
 from .uploader import Uploader
@@ -248,8 +249,14 @@ def prepare(cfg: MountConfig) -> Prepared:
         journal.set_meta("store", store.url)
     if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely
         journal.set_meta("cache_id", uuid.uuid4().hex[:8])
+    damage = journal.damage
+    if damage is not None:
+        notices.append(Notice(logging.WARNING, (
+            f"the journal in {cfg.cache_dir} lost committed state ({damage}); the mount "
+            f"checks the files this node wrote against the store, and is not durable "
+            f"until that is done (ckptfs status)")))
     cache = LocalCache(cfg.cache_dir, cfg.cache_size)
-    cache.scan(keep_staging=journal.staging_in_use())
+    cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=damage is not None)
     return Prepared(cfg, store, info, journal, cache, lock_fd, notices)
 
 
@@ -305,6 +312,10 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
                                    trash_keep=trash_seconds(cfg.trash_hours),
                                    node=publisher.node_id)
             publisher.on_applied = autoprune.notify
+        damage = p.journal.damage
+        if damage is not None:  # checked against the store once the nursery runs
+            fs.journal_check = JournalCheck(p.store, p.journal, journal_limiter, p.cache,
+                                            uploader, publisher, cfg.node_id, damage)
         await uploader.resume(p.journal.pending_chunks())
         for problem in fs.problems():  # said at every mount until the file is rewritten
             log.error("%s", problem)
@@ -331,6 +342,8 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
             await nursery.start(fetcher.run)
             await nursery.start(publisher.run)
             await nursery.start(control.serve)
+            if fs.journal_check is not None:
+                await nursery.start(fs.journal_check.run)
             if autoprune is not None:
                 await nursery.start(autoprune.run)
             nursery.start_soon(_on_signals, cfg.mountpoint, unmounted)

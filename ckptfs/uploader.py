@@ -45,6 +45,10 @@ STREAM_WINDOW = 0.25  # seconds: writes this recent, and this many bytes of them
 STREAM_BYTES = 16 << 20  # ... mean a save is streaming in (see WriterActivity)
 MOOT_CHECK = 1.0  # seconds: how often a job waiting to retry looks whether it still must
 RATE_WINDOW = 5.0  # seconds: upload_rate is the bytes PUT in this window, divided by it
+#: upload jobs the queue holds (docs/CONCURRENCY.md): an early job that finds it full is
+#: dropped (its chunk is journaled and queued at close instead); a published chunk that
+#: finds it full waits in `_overflow`, in order, and is queued as workers take jobs
+QUEUE_LIMIT = 10_000
 
 Instance = tuple[int, int]  # one chunk of one file version: (staging file id, offset)
 
@@ -173,7 +177,8 @@ class Uploader:
     def __init__(self, store: Store, cache: LocalCache, journal: Journal,
                  journal_limiter: trio.CapacityLimiter, workers: int = 8,
                  overlap_workers: int | None = None, rate_window: float = RATE_WINDOW,
-                 confirm_window: float = CONFIRM_WINDOW, codec_name: str = "lz4") -> None:
+                 confirm_window: float = CONFIRM_WINDOW, codec_name: str = "lz4",
+                 queue_limit: int = QUEUE_LIMIT) -> None:
         self.store = store
         self.codec_name = codec_name  # how new chunks are compressed: the store's codec
         self.cache = cache
@@ -206,8 +211,11 @@ class Uploader:
         self._journaled: set[str] = set()
         self._waiting: dict[str, list[tuple[StagingFile, int]]] = {}  # hash -> its copies
         self._queued: set[str] = set()
-        # unbounded: what is queued is bounded by the dirty data the cache limit allows
-        self._send, self._receive = trio.open_memory_channel[UploadJob](math.inf)
+        self._send, self._receive = trio.open_memory_channel[UploadJob](queue_limit)
+        # published chunks that found the queue full, oldest first: never dropped (each
+        # is journaled); moved into the queue as the workers take jobs (_refill)
+        self._overflow: deque[UploadJob] = deque()
+        self.dropped_early = 0  # early jobs dropped because the queue was full
         self._lock = trio.Lock()  # orders journal inserts against upload completions
         self._changed = trio.Condition()
         self._uploaded_bytes = 0
@@ -226,11 +234,16 @@ class Uploader:
             task_status.started()
 
     def submit_early_nowait(self, job: UploadJob) -> None:
-        """Queue a complete chunk of an open file; dropped silently if the queue is full."""
+        """Queue a complete chunk of an open file; dropped if the queue is full (or holds
+        published chunks waiting for room): the chunk then stays local and dirty, and the
+        close journals it and uploads it as a published chunk."""
+        if self._overflow:
+            self.dropped_early += 1
+            return
         try:
             self._send.send_nowait(job)
         except trio.WouldBlock:
-            pass
+            self.dropped_early += 1
 
     async def persist(self, chunks: list[PendingChunk], ops: list[OpRecord],
                       path: str | None = None) -> list[int]:
@@ -310,7 +323,7 @@ class Uploader:
 
     def busy(self) -> bool:
         """Whether uploads are queued or running (so dirty data will shrink)."""
-        return (self._running > 0 or self._held > 0
+        return (self._running > 0 or self._held > 0 or bool(self._overflow)
                 or self._receive.statistics().current_buffer_used > 0)
 
     def pending_count(self) -> int:
@@ -329,7 +342,7 @@ class Uploader:
 
     def statistics(self) -> UploaderStatistics:
         return UploaderStatistics(
-            queued_jobs=self._receive.statistics().current_buffer_used,
+            queued_jobs=self._receive.statistics().current_buffer_used + len(self._overflow),
             uploading_bytes=self._uploading(), uploaded_bytes=self._uploaded_bytes,
             stored_bytes=self._stored_bytes, dedup_bytes=self._dedup_bytes,
             upload_rate=self._rate.value(), last_error=self.last_error,
@@ -365,10 +378,21 @@ class Uploader:
         self._waiting.setdefault(c.hash, []).append((st, c.offset))
         if c.hash not in self._queued:
             self._queued.add(c.hash)
-            self._send.send_nowait(UploadJob(st, c.offset, c.length, c.hash))
+            self._overflow.append(UploadJob(st, c.offset, c.length, c.hash))
+            self._refill()
+
+    def _refill(self) -> None:
+        """Move published jobs waiting for room into the queue, oldest first."""
+        while self._overflow:
+            try:
+                self._send.send_nowait(self._overflow[0])
+            except trio.WouldBlock:
+                return
+            self._overflow.popleft()
 
     async def _worker(self) -> None:
         async for job in self._receive:
+            self._refill()
             await self._yield_to_writers()
             self._running += 1
             try:

@@ -17,9 +17,10 @@ from ckptfs.journal import Journal
 from ckptfs.mount import create_store, read_store_info
 from ckptfs.namespace import FileNode
 from ckptfs.publisher import Publisher
+from ckptfs.recovery import JournalCheck
 from ckptfs.store.base import AsyncStore
 from ckptfs.store.local import LocalStore
-from ckptfs.uploader import Uploader
+from ckptfs.uploader import QUEUE_LIMIT, Uploader
 
 KiB = 1024
 CHUNK = 64 * KiB
@@ -28,25 +29,31 @@ ROOT = 1
 
 @contextlib.asynccontextmanager
 async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
-               upload_threads: int = 2, publish: bool = True) -> AsyncIterator[CheckpointFS]:
+               upload_threads: int = 2, publish: bool = True,
+               queue_limit: int = QUEUE_LIMIT) -> AsyncIterator[CheckpointFS]:
     """A CheckpointFS on the store root/store with its cache in root/cache (kept between
     calls, like a remount with the same --cache-dir). upload=False: nothing reaches the
     store's chunks (the upload workers are not started). publish=False: no metadata op
-    reaches the store (the publisher is not started, and nothing waits for it)."""
+    reaches the store (the publisher is not started, and nothing waits for it).
+    queue_limit: how many jobs the upload queue holds."""
     (root / "store").mkdir(parents=True, exist_ok=True)
     store = LocalStore(root / "store")
     info = read_store_info(store) or create_store(store, CHUNK)
     journal = Journal(str(root / "journal.sqlite"))
     cache = LocalCache(str(root / "cache"), cache_size)
-    cache.scan(keep_staging=journal.staging_in_use())
+    cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=journal.damage is not None)
     journal_limiter = trio.CapacityLimiter(1)
     uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads,
-                        codec_name=info.codec)
+                        codec_name=info.codec, queue_limit=queue_limit)
     fetcher = Fetcher(store, cache, workers=2, missing_timeout=1.0)
     publisher = Publisher(store, journal, journal_limiter, "node-a", cache)
     fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
                       publisher, info,
                       Options(writer_id="node-a", publish_timeout=10.0 if publish else 0.0))
+    damage = journal.damage
+    if damage is not None:
+        fs.journal_check = JournalCheck(store, journal, journal_limiter, cache, uploader,
+                                        publisher, "node-a", damage)
     try:
         await uploader.resume(journal.pending_chunks())
         publisher.load(journal.pending_ops())
@@ -56,6 +63,8 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
             await nursery.start(fetcher.run)
             if publish:
                 await nursery.start(publisher.run)
+            if fs.journal_check is not None:
+                await nursery.start(fs.journal_check.run)
             yield fs
             nursery.cancel_scope.cancel()
     finally:

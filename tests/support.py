@@ -1,8 +1,10 @@
 """Helpers every tier shares: the one way to wait for a condition (a sync and a trio
-version), the one generator of test bytes, and how many calls overlapped in time."""
+version), the one generator of test bytes, how many calls overlapped in time, and a
+journal's files as a killed process leaves them."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -59,3 +61,29 @@ def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+JOURNAL_FILES = ("", "-wal")  # suffixes of a journal's database and write-ahead log
+
+
+def journal_as_killed(path: str) -> dict[str, bytes]:
+    """The files of the open journal at `path` as a process killed now would leave them
+    (the database and its write-ahead log, not yet checkpointed): give them to
+    restore_killed after the journal is closed (a clean close checkpoints the log)."""
+    return {sfx: open(path + sfx, "rb").read() for sfx in JOURNAL_FILES}
+
+
+def restore_killed(path: str, files: dict[str, bytes], damage_wal_at: int | None = None,
+                   ) -> None:
+    """Put back the files journal_as_killed saved, with 8 bytes of the log overwritten at
+    `damage_wal_at` (bit rot, or a disk that lied about a flush) if given."""
+    for sfx in (*JOURNAL_FILES, "-shm"):
+        if os.path.exists(path + sfx):
+            os.unlink(path + sfx)
+    for sfx, data in files.items():
+        content = bytearray(data)
+        if sfx == "-wal" and damage_wal_at is not None:
+            content[damage_wal_at:damage_wal_at + 8] = bytes(
+                b ^ 0x5A for b in content[damage_wal_at:damage_wal_at + 8])
+        with open(path + sfx, "wb") as f:
+            f.write(content)

@@ -261,3 +261,34 @@ def test_a_node_down_long_puts_gc_ed_chunks_back_before_publishing(
             assert await read_file(fs, "model.pt") == data
 
     run(fresh_node)
+
+
+# ---------------------------------------------------------------------------- upload queue
+def test_chunks_whose_early_upload_found_the_queue_full_are_uploaded_after_close(
+        tmp_path: Path) -> None:
+    """The upload queue holds one job here: the early uploads of all chunks but the first
+    are dropped while the file is written, yet the close journals every chunk, each is
+    uploaded, and another node reads the file whole."""
+    data = random_bytes(6 * CHUNK + 1000)
+
+    async def main() -> None:
+        async with core(tmp_path, upload=False, queue_limit=1) as fs:
+            await write_file(fs, "model.pt", data)
+            assert fs.uploader.dropped_early >= 5
+            assert fs.uploader.pending_count() == 7  # every chunk journaled at close
+            async with trio.open_nursery() as nursery:
+                await nursery.start(fs.uploader.run)
+                await fs.wait_all_flushed()
+                nursery.cancel_scope.cancel()
+            assert fs.durable() and fs.cache.dirty_bytes == 0
+
+    run(main)
+    other = tmp_path / "node-b"
+    other.mkdir()
+    os.symlink(tmp_path / "store", other / "store")
+
+    async def fresh_node() -> None:
+        async with core(other) as fs:
+            assert await read_file(fs, "model.pt") == data
+
+    run(fresh_node)

@@ -572,3 +572,50 @@ def test_a_writer_never_deduplicates_against_a_fossil(
     run(main)
     assert store.counts["put"] == 1 and stored_chunk(store, h) == data
     assert store.inner.head(fossil_key(h)) is not None  # untouched: the next sweep's
+
+
+# ---------------------------------------------------------------------------- queue bound
+def test_the_upload_queue_holds_at_most_10000_jobs(store: RecordingStore, cache: LocalCache,
+                                                   journal: Journal) -> None:
+    """Early jobs beyond the bound are dropped, not queued (the queue's memory is
+    bounded: docs/CONCURRENCY.md); their chunks are journaled at close instead."""
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1))  # run() not started
+        st = cache.new_staging()
+        for i in range(10_005):
+            up.submit_early_nowait(UploadJob(st, i * KiB, KiB))
+        assert up.statistics().queued_jobs == 10_000 and up.dropped_early == 5
+        assert uploader.QUEUE_LIMIT == 10_000  # the number the docs give
+
+    run(main)
+
+
+def test_published_chunks_that_find_the_queue_full_are_all_uploaded(
+        store: RecordingStore, cache: LocalCache, journal: Journal) -> None:
+    """A full queue (of early jobs here) never loses a published chunk: it waits for
+    room, in order, and is uploaded; an early job submitted meanwhile is dropped, as it
+    would be behind a full queue."""
+    chunks = [random_bytes(4 * KiB, seed) for seed in range(5)]
+
+    async def main() -> None:
+        up = Uploader(store, cache, journal, trio.CapacityLimiter(1), workers=1,
+                      queue_limit=2)
+        early = staged(cache, random_bytes(2 * KiB, 99))
+        early.sealed = False  # a file still being written
+        for offset in (0, KiB):
+            up.submit_early_nowait(UploadJob(early, offset, KiB))
+        published_ = [await published(up, cache, data) for data in chunks]
+        assert up.statistics().queued_jobs == 2 + 5 and up.busy()
+        up.submit_early_nowait(UploadJob(early, 0, KiB))
+        assert up.dropped_early == 1
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            await settled(up, *(st for st, _, _ in published_))
+            assert up.statistics().queued_jobs == 0 and not up.busy()
+            n.cancel_scope.cancel()
+        for data, (_, h, _) in zip(chunks, published_, strict=True):
+            assert stored_chunk(store, h) == data
+        assert journal.pending_chunks() == []
+
+    run(main)

@@ -9,10 +9,11 @@ import stat
 import time
 
 import pytest
+from support import journal_as_killed, restore_killed
 
 from ckptfs.chunking import MIN_CHUNK_SIZE
 from ckptfs.errors import JournalError
-from ckptfs.journal import Journal, PendingChunk, read_lost
+from ckptfs.journal import Journal, PendingChunk, read_damage, read_lost, wal_damage
 
 CS = MIN_CHUNK_SIZE  # the smallest legal chunk size keeps the arithmetic readable
 H1 = "0" * 32
@@ -190,4 +191,81 @@ def test_journal_lost_file_of_an_old_manifest_follows_later_ops(
         ("step-1/c.pt", H2), ("step-1/final.pt", H1)]
     j.add_op("rename_file", "step-1/final.pt", "kept.pt")  # later ops move the row as usual
     assert [f.path for f in j.lost_files()] == ["kept.pt", "step-1/c.pt"]
+    j.close()
+
+
+# ------------------------------------------------------------------- a damaged journal
+FIRST_FRAME = 32 + 24 + 100  # a byte of the first page in the write-ahead log
+
+
+def journal_with_commits(path: str, n: int) -> Journal:
+    j = Journal(path)
+    for i in range(n):
+        j.add_chunks([PendingChunk(f"{i:032x}", i, 0, 10)],
+                     [("put_file", f"f{i}", None, b"{}", i)], f"f{i}")
+    return j
+
+
+def test_a_damaged_log_is_found_before_sqlite_drops_what_follows(
+        tmp_path: os.PathLike[str]) -> None:
+    """SQLite silently replays a damaged log only up to the damage; the journal says so,
+    keeps a copy of the log and records the damage until checked() (also read-only)."""
+    path = os.path.join(tmp_path, "journal.sqlite")
+    j = journal_with_commits(path, 20)
+    killed = journal_as_killed(path)
+    j.close()
+    for at, kept in ((FIRST_FRAME, 0), (len(killed["-wal"]) // 2, None)):
+        restore_killed(path, killed, damage_wal_at=at)
+        assert wal_damage(path) is not None
+        j = Journal(path)
+        chunks, ops = j.counts()
+        assert chunks == ops < 20 and (kept is None or chunks == kept)  # dropped silently
+        assert j.damage is not None and "write-ahead log is damaged" in j.damage
+        copies = [n for n in os.listdir(tmp_path) if n.startswith("journal.sqlite-wal.damaged-")]
+        assert len(copies) == 1 and open(os.path.join(tmp_path, copies[0]), "rb").read(
+            ) != killed["-wal"]  # the damaged log, as found
+        os.unlink(os.path.join(tmp_path, copies[0]))
+        j.close()
+        assert read_damage(path) is not None
+        j = Journal(path)
+        j.checked()
+        assert j.damage is None
+        j.close()
+        assert read_damage(path) is None
+
+
+def test_an_intact_or_stale_log_is_no_damage(tmp_path: os.PathLike[str]) -> None:
+    """A killed process's intact log, and frames of an older log generation left past the
+    end after a checkpoint restarted the log (even damaged), are replayed as SQLite does:
+    no false alarm."""
+    path = os.path.join(tmp_path, "journal.sqlite")
+    j = journal_with_commits(path, 20)
+    assert wal_damage(path) is None
+    checkpoint = sqlite3.connect(path)
+    assert checkpoint.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0] == 0
+    checkpoint.close()
+    j.add_op("delete_file", "f0")  # the log restarts at its start, shorter than before
+    killed = journal_as_killed(path)
+    j.close()
+    restore_killed(path, killed)
+    assert wal_damage(path) is None
+    restore_killed(path, killed, damage_wal_at=len(killed["-wal"]) - 1000)  # a stale frame
+    assert wal_damage(path) is None
+    j = Journal(path)
+    assert j.damage is None and j.counts() == (20, 21)
+    j.close()
+    restore_killed(path, killed, damage_wal_at=FIRST_FRAME)  # the current generation
+    assert wal_damage(path) is not None
+
+
+def test_a_journal_sqlite_refuses_is_moved_aside(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "journal.sqlite")
+    journal_with_commits(path, 3).close()
+    with open(path, "r+b") as f:
+        f.write(b"\0" * 16)
+    j = Journal(path)
+    assert j.counts() == (0, 0) and "SQLite cannot read it (file is not a database)" in (
+        j.damage or "")
+    [aside] = [n for n in os.listdir(tmp_path) if n.startswith("journal.sqlite.damaged-")]
+    assert str(aside) in (j.damage or "")
     j.close()
