@@ -342,12 +342,12 @@ class Publisher:
         `why` ends the log line."""
         start = time.monotonic()
         with ThreadPoolExecutor(CONFIRM_THREADS) as pool:
-            found = dict(zip(spans, pool.map(self._present_or_restored, spans),
+            found = dict(zip(spans, pool.map(self.present_or_restored, spans),
                              strict=True))
         missing = [h for h, how in found.items() if how is None]
         with ThreadPoolExecutor(CONFIRM_UPLOADS) as pool:
             uploaded = dict(zip(missing, pool.map(
-                lambda h: self._upload_from_staging(h, fd, spans[h]), missing), strict=True))
+                lambda h: self.upload_from_staging(h, fd, spans[h]), missing), strict=True))
         lost = [h for h, ok in uploaded.items() if not ok]
         restored = sum(1 for how in found.values() if how == "fossil")
         log.log(logging.WARNING if restored or missing else logging.INFO,
@@ -357,7 +357,7 @@ class Publisher:
                 len(missing) - len(lost), len(lost))
         return lost
 
-    def _present_or_restored(self, chunk_hash: str) -> str | None:
+    def present_or_restored(self, chunk_hash: str) -> str | None:
         """'present' if the chunk is in the store, 'fossil' if it was just copied back
         from fossils/, None if neither."""
         size = self.store.head(manifests.chunk_key(chunk_hash))
@@ -369,7 +369,7 @@ class Publisher:
             return None
         return "fossil"  # the fossil stays: gc deletes it, or restores it, later
 
-    def _upload_from_staging(self, chunk_hash: str, fd: int,
+    def upload_from_staging(self, chunk_hash: str, fd: int,
                              spans: list[tuple[int, int]]) -> bool:
         """PUT the chunk from the staging file if it holds it at one of `spans` (only
         the chunks that were local in the version are there: the hash decides)."""

@@ -208,7 +208,7 @@ class JournalCheck:
                 spans.setdefault(chunk_hash, []).append((offset, length))
         report.chunks += len(spans)
         with ThreadPoolExecutor(CONFIRM_THREADS) as pool:
-            found = dict(zip(spans, pool.map(self.publisher._present_or_restored, spans),
+            found = dict(zip(spans, pool.map(self.publisher.present_or_restored, spans),
                              strict=True))
         report.restored += sum(1 for how in found.values() if how == "fossil")
         order = same_size + [sid for sid in staging if sid not in same_size]
@@ -216,7 +216,7 @@ class JournalCheck:
             for sid in order:
                 fd, size = staging[sid]
                 fits = [s for s in spans[chunk_hash] if s[0] + s[1] <= size]
-                if fits and self.publisher._upload_from_staging(chunk_hash, fd, fits):
+                if fits and self.publisher.upload_from_staging(chunk_hash, fd, fits):
                     report.uploaded += 1
                     report.claimed.add(sid)
                     break
