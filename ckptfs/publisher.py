@@ -370,7 +370,7 @@ class Publisher:
         return "fossil"  # the fossil stays: gc deletes it, or restores it, later
 
     def upload_from_staging(self, chunk_hash: str, fd: int,
-                             spans: list[tuple[int, int]]) -> bool:
+                            spans: list[tuple[int, int]]) -> bool:
         """PUT the chunk from the staging file if it holds it at one of `spans` (only
         the chunks that were local in the version are there: the hash decides)."""
         if fd < 0:
