@@ -260,9 +260,12 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
         if dry_run:
             return None
         try:
-            # a directory that exists again keeps its own marker (mode and mtime)
-            if dest and not (e.is_dir and store.head(key) is not None):
-                _copy(store, e.key, key)
+            # written only where nothing is: a file published there since the checks
+            # above is never overwritten (atomic where the store has a conditional write;
+            # docs/FORMAT.md, "Trash"); a directory that exists again keeps its own
+            # marker (mode and mtime)
+            if dest and not store.put_if_absent(key, store.get(e.key)) and not e.is_dir:
+                return f"{dest} exists (published while this restore ran)"
         except NotFoundError:
             return "gone from the trash meanwhile (emptied, or expired and collected)"
         store.delete(e.key)

@@ -140,6 +140,54 @@ def test_a_rename_over_a_file_keeps_the_replaced_version(
     assert read_back(st.store, "last.pt") == new
 
 
+def test_put_if_absent_never_replaces_an_object(st: StoreUnderTest) -> None:
+    """The conditional create restore writes with: refused over an object that exists,
+    by the server itself where it can (S3 If-None-Match: *, Azure If-None-Match: *, GCS
+    ifGenerationMatch=0, link(2) on a directory store): all four servers here honour it
+    (an S3 server's is probed once: SeaweedFS answers 412)."""
+    assert st.store.put_if_absent("x/new", b"first") is True
+    assert st.store.put_if_absent("x/new", b"second") is False
+    assert st.store.get("x/new") == b"first"
+    assert st.store.atomic_create is True
+    assert [k for k, _ in st.store.list("", None).objects if "probe" in k] == []
+
+
+class PublishedMeanwhile(FaultyStore):
+    """A store on which another node publishes `path` just after restore found it free:
+    between its check (a HEAD) and its write."""
+
+    def __init__(self, inner: Store, path: str, data: bytes) -> None:
+        super().__init__(inner)
+        self.key, self.data, self.done = manifests.file_key(path), data, False
+
+    def head(self, key: str) -> int | None:
+        size = self.inner.head(key)
+        if key == self.key and size is None and not self.done:
+            self.done = True
+            put_file(self.inner, self.key[len(FILES):], self.data)
+        return size
+
+
+def test_a_restore_that_loses_the_race_leaves_the_new_file_alone(
+        st: StoreUnderTest, publisher: Publisher) -> None:
+    """A file published at the name while restore runs wins: restore skips that path
+    (exit 1 on the command line, as for a name that exists again) and never overwrites
+    it; the old version stays in the trash."""
+    old, new = random_bytes(CHUNK + 3, seed=5), random_bytes(CHUNK + 9, seed=6)
+    put_file(st.store, "d/model.pt", old)
+    put_file(st.store, "d/other.pt", b"other")
+    rm_rf(publisher, "d")
+    r = trash.restore(PublishedMeanwhile(st.store, "d/model.pt", new), "d")
+    assert [e.path for e in r.restored] == ["d", "d/other.pt"]
+    [(entry, why)] = r.skipped
+    assert (entry.path, why) == ("d/model.pt", "d/model.pt exists (published while this "
+                                 "restore ran)")
+    assert read_back(st.store, "d/model.pt") == new
+    assert read_back(st.store, "d/other.pt") == b"other"
+    [left] = trash_keys(st.store)
+    assert left.endswith("/d/model.pt")
+
+
 def test_without_trash_deletes_are_final(st: StoreUnderTest, publisher: Publisher) -> None:
     publisher.trash_keep = 0
     checkpoint(st.store, "step-1")
