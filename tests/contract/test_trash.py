@@ -197,20 +197,32 @@ def test_without_trash_deletes_are_final(st: StoreUnderTest, publisher: Publishe
 
 
 def test_gc_keeps_what_the_trash_names_until_its_time_is_up(
-        st: StoreUnderTest, publisher: Publisher) -> None:
-    """While a deleted checkpoint is in the trash, gc (grace 0) keeps its chunks; once
-    its time is up (by the store's clock), gc deletes the entry and the next runs set the
-    chunks aside and free them, leaving the files that remain intact."""
+        st: StoreUnderTest, publisher: Publisher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a deleted checkpoint is in the trash, gc (grace 0) keeps its chunks, even a
+    minute before its time is up by the store's clock; once it is up, gc deletes the
+    entry and the next runs set the chunks aside and free them, leaving the files that
+    remain intact. gc's store clock is moved on instead of waiting (S3 times have whole
+    seconds)."""
     checkpoint(st.store, "step-1")
     checkpoint(st.store, "step-2")
     doomed = names_under(st.store, "step-1") - names_under(st.store, "step-2")
     keep = files_under(st.store, "step-2")
-    publisher.trash_keep = 2.0
-    rm_rf(publisher, "step-1")
+    rm_rf(publisher, "step-1")  # kept for HOUR
+    deleted = max(i.mtime for i in st.store.scan(TRASH))
+    real_store_time = gc.store_time
+    ahead = 0.0
+
+    def moved_on(store: Store) -> float:
+        return real_store_time(store) + ahead
+
+    monkeypatch.setattr(gc, "store_time", moved_on)
+    r = gc.collect(st.store, 0.0)
+    assert r.trash_expired.count == 0 and r.fossilized.count == 0, r.to_dict()
+    ahead = deleted + HOUR - 60.0 - real_store_time(st.store)  # a minute before
     r = gc.collect(st.store, 0.0)
     assert r.trash_expired.count == 0 and r.fossilized.count == 0, r.to_dict()
     assert doomed <= stored_names(st.store)
-    time.sleep(3.5)  # S3 times have whole seconds
+    ahead = HOUR + 1.0  # its time is up
     dry = gc.collect(st.store, 0.0, dry_run=True)
     assert dry.trash_expired.count == 3 and dry.fossilized.count == len(doomed)
     assert len(trash_keys(st.store)) == 3
