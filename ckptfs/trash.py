@@ -212,6 +212,11 @@ class Restored:
     restored: list[Entry] = field(default_factory=list)
     skipped: list[tuple[Entry, str]] = field(default_factory=list)
 
+    def destination(self, e: Entry) -> str:
+        """Where the entry `e` (at or under `path`) is restored."""
+        rest = e.path[len(self.path):]
+        return self.to + rest if self.to else rest.lstrip("/")
+
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "to": self.to, "dry_run": self.dry_run,
                 "restored": [e.to_dict() for e in self.restored],
@@ -244,7 +249,7 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
     result = Restored(path, to, dry_run)
 
     def one(e: Entry) -> str | None:
-        dest = to + e.path[len(path):] if to else e.path[len(path):].lstrip("/")
+        dest = result.destination(e)
         if not dest and not e.is_dir:
             return "a file cannot take the place of the root directory"
         key = manifests.dir_key(dest) if e.is_dir else manifests.file_key(dest)
@@ -313,5 +318,6 @@ def expire(store: Store, now: float, dry_run: bool = False) -> Iterator[ObjectIn
 
 
 def this_node() -> str:
-    """The node name in the batches of a command run here (prune): the host name."""
-    return socket.gethostname()
+    """The node name in the batches of a command run here (prune): `<host>-cli`, in the
+    form of a mount's `<node id>-<cache id>` (the host, then what on it deleted)."""
+    return f"{socket.gethostname()}-cli"

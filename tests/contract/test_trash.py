@@ -6,6 +6,8 @@ tests/fuse/test_trash_mounted.py."""
 from __future__ import annotations
 
 import json
+import shlex
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -333,8 +335,11 @@ def test_bad_input_is_one_line(st: StoreUnderTest, tmp_path: Path) -> None:
         (["trash", "ls", "s3://", *st.extra], "ckptfs: "),
         (["prune", st.url, "--keep-last", "1", "--trash-hours", "-1", *st.extra],
          "--trash-hours must be 0"),
-        (["trash", "restore", st.url, "a", "--to", "/abs", *st.extra], "--to /abs"),
     ]
+    for verb in ("ls", "restore", "empty"):  # the same refusal from each verb
+        cases.append((["trash", verb, st.url, "run/../x", *st.extra], "'..' in PATH run/../x"))
+    cases.append((["trash", "restore", st.url, "a", "--to", "../b", *st.extra],
+                  "'..' in --to ../b"))
     for args, words in cases:
         r = run_cli(*args, check=False)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
@@ -359,3 +364,32 @@ def test_retention_remove_tree_with_a_batch(st: StoreUnderTest) -> None:
     checkpoint(st.store, "c")
     n = retention.remove_tree(st.store, "c", trash.batch_id(HOUR, 0, "cli"))
     assert n == 2 and len(trash_keys(st.store)) == 3
+
+
+def test_path_forms_and_hints_are_commands_that_work(
+        st: StoreUnderTest, publisher: Publisher) -> None:
+    """`trash ls` shows its times in UTC and ends with a restore command that works as
+    printed; `--to` takes a path from the root with or without a leading '/', and each
+    line names where the entry went; a prune's node is `<host>-cli`."""
+    put_file(st.store, "run/a.pt", b"a1")
+    put_file(st.store, "run/b.pt", b"b1")
+    rm_rf(publisher, "run")
+    r = tcli(st, "ls", "/run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("20") and lines[1][:23].endswith(" UTC"), lines
+    hint = lines[-1].split("put one back with: ")[1]
+    assert shlex.split(hint)[:4] == ["ckptfs", "trash", "restore", st.url]
+    r = tcli(st, "restore", "run/a.pt", "--to", "/elsewhere/a.pt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0] == "restored run/a.pt to elsewhere/a.pt (2 B)", r.stdout
+    assert read_back(st.store, "elsewhere/a.pt") == b"a1"
+    r = run_cli(*shlex.split(hint)[1:], check=False)  # the hint, as printed
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert read_back(st.store, "run/b.pt") == b"b1"
+
+    checkpoint(st.store, "ckpt/step-1")
+    checkpoint(st.store, "ckpt/step-2")
+    assert st.cli("prune", "ckpt", "--keep-last", "1").returncode == 0
+    [item] = tjson(st, "ls", "ckpt")["items"]
+    assert item["node"] == f"{socket.gethostname()}-cli", item
