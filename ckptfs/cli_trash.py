@@ -76,12 +76,13 @@ def cmd_ls(a: argparse.Namespace) -> int:
         print(f"the trash of {t.store.url} holds nothing at {t.show(t.path)}")
         return 0
     rows = [(utc(it.head.deleted), _expires(it.head), it.head.node, str(it.files),
-             human(it.bytes), _where(it.head, t)) for it in items]
-    head = ("deleted (store time)", "expires", "node", "files", "size", "path")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
+             human(it.bytes), str(it.head.version or "-"), _where(it.head, t))
+            for it in items]
+    head = ("deleted (store time)", "expires", "node", "files", "size", "version", "path")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(6)]
     for r in [head, *rows]:
         print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  "
-              f"{r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}  {r[5]}")
+              f"{r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}  {r[5]:>{widths[5]}}  {r[6]}")
     files = sum(it.files for it in items)
     print(f"{len(items)} deleted items, {files} files ({human(sum(it.bytes for it in items))})"
           f"; put one back with: {restore_command(a, t, items[0].head)}")
@@ -108,7 +109,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
     if not t.path:
         raise CliError("name what to restore: a deleted file or directory (ckptfs trash ls "
                        "lists them)")
-    r = trash.restore(t.store, t.path, _destination(a, t), dry_run=a.dry_run)
+    r = trash.restore(t.store, t.path, _destination(a, t), dry_run=a.dry_run,
+                      version=a.version)
     if a.json:
         print(json.dumps(r.to_dict(), indent=1))
         return 1 if r.skipped else 0
@@ -147,7 +149,8 @@ def add_trash_parser(sub: Any) -> None:
     tr = sub.add_parser(
         "trash", help="list, restore or empty deleted files (undo rm -rf)",
         description="Deletes through a mount (unlink, rmdir, rm -rf, a rename over an "
-        "existing file) and ckptfs prune move the manifests to the store's trash, where "
+        "existing file), overwrites (the version a publish replaces: torch.save over "
+        "latest.pt) and ckptfs prune move the manifests to the store's trash, where "
         "they stay for --trash-hours (a mount option, 24 by default; 0 turns the trash "
         "off). While a file is in the trash its chunks stay in the store (ckptfs gc "
         "counts it), so any node can restore it byte for byte; once its time is up, gc "
@@ -167,9 +170,12 @@ def add_trash_parser(sub: Any) -> None:
 
     ls = verbs.add_parser(
         "ls", help="what the trash holds",
-        description="One line per deleted file or directory, newest first: when it was "
-        "deleted (store time), when it expires, the node, the files and bytes it holds. "
-        "A directory removed with rm -rf is one line, with the files deleted with it. "
+        description="One line per deleted file or directory, and per version of a file "
+        "that an overwrite replaced, newest first: when it was set aside (store time, "
+        "UTC), when it expires, the node, the files and bytes it holds, and a file's "
+        "version number among those of its path (1 is the newest; trash restore "
+        "--version takes it). A directory removed with rm -rf is one line, with the "
+        "files deleted with it. "
         + STORE_HELP, epilog="example: ckptfs trash ls /mnt/ckpt/run7")
     common(ls, "with STORE: only what was under this path (default: everything)")
     ls.set_defaults(func=cmd_ls)
@@ -188,6 +194,11 @@ def add_trash_parser(sub: Any) -> None:
     rs.add_argument("--to", metavar="DEST", help="restore there instead: a path from the "
                     "filesystem root (with a leading / or not), or a path inside the "
                     "same mount; never over a file that exists")
+    rs.add_argument("--version", metavar="N|TIME", help="restore this version of the file "
+                    "PATH: N as trash ls numbers them (1 is the newest in the trash: the "
+                    "one the last overwrite or delete set aside), or a UTC time as trash ls "
+                    "shows it (the newest set aside at or before it); the file must not "
+                    "exist, or give --to")
     rs.add_argument("--dry-run", action="store_true", help="change nothing, say what would "
                     "be restored")
     rs.set_defaults(func=cmd_restore)
