@@ -120,11 +120,15 @@ def cmd_restore(a: argparse.Namespace) -> int:
         print(f"{verb} {_where(e, t)}{moved}" + (f" ({human(e.size)})" if not e.is_dir
                                                   else ""))
     for e, why in r.skipped:
-        print(f"left in the trash {_where(e, t)}: {why}")
+        dest = r.destination(e)
+        print(f"left in the trash {_where(e, t)}: {why.replace(dest, t.show(dest), 1)}")
     files = [e for e in r.restored if not e.is_dir]
+    taken = any(why.startswith(f"{r.destination(e)} exists") for e, why in r.skipped)
     print(f"{'dry run: ' if a.dry_run else ''}{verb} {len(files)} files "
           f"({human(sum(e.size for e in files))}) to {t.show(r.to)}"
-          + (f"; {len(r.skipped)} left in the trash" if r.skipped else ""))
+          + (f"; {len(r.skipped)} left in the trash" if r.skipped else "")
+          + ("; a name that exists is never overwritten: restore beside it with --to"
+             if taken else ""))
     return 1 if r.skipped else 0
 
 
