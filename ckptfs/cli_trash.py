@@ -187,8 +187,10 @@ def add_trash_parser(sub: Any) -> None:
     rs = verbs.add_parser(
         "restore", help="put a deleted file or directory back",
         description="Put back the newest deleted version of PATH and of everything that "
-        "was under it, where it was (or at --to); each restored entry leaves the trash. A "
-        "name that exists again is left alone and reported. The files come back byte for "
+        "was under it, where it was (or at --to), or with --version a chosen version of "
+        "the file PATH; each restored entry leaves the trash. A name that exists is "
+        "never overwritten (a conditional write, even against another node's publish "
+        "meanwhile): it is left in the trash and reported. The files come back byte for "
         "byte, with their mode and mtime; mounts see them within their --metadata-ttl. "
         "Exit status: 0 all restored, 1 some left in the trash, 2 nothing to restore or "
         "an error. " + STORE_HELP,

@@ -3,7 +3,9 @@ while, so that a delete, an `rm -rf` too, can be undone from any node (`ckptfs t
 
 A delete through a mount (unlink, rmdir, a rename over an existing file) and `ckptfs prune`
 first copy each manifest or marker to `trash/<batch>/<path>` and then delete it; the
-batch names when, on which node and for how long (docs/FORMAT.md, "Trash"). Nothing
+batch names when, on which node and for how long (docs/FORMAT.md, "Trash"). A publish
+that replaces a file keeps the replaced manifest there too (keep_version): the versions
+of a path, numbered newest first, that `trash restore --version` picks from. Nothing
 reads the trash but this module and gc, which counts its manifests as references until
 they expire (store time of the trash object + the batch's keep) and then deletes them.
 """
