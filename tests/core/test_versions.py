@@ -88,6 +88,11 @@ def test_an_overwrite_keeps_the_previous_version_in_the_trash(tmp_path: Path) ->
     store = LocalStore(tmp_path / "store")
     found = trash.entries(store, "latest.pt")
     assert [(e.path, e.version) for e in found] == [("latest.pt", 2), ("latest.pt", 1)]
+    for e in found:  # by time, as trash ls shows it: the newest set aside by then
+        shown = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(e.deleted))
+        assert trash.pick_version(found, "latest.pt", shown).version <= e.version
+    assert trash.pick_version(found, "latest.pt", time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[-1].deleted + 1))).version == 1
     # (the oldest first: a restored version leaves the trash, the others move up)
     for version, want in (("2", versions[0]), ("1", versions[1])):
         r = trash.restore(store, "latest.pt", f"v{version}.pt", version=version)
