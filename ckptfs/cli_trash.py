@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 from typing import Any
 
 from . import inspection, trash
@@ -31,9 +32,37 @@ def _expires(e: Entry) -> str:
     return "when emptied" if math.isinf(e.keep) else utc(e.expires)[:16] + " UTC"
 
 
-def cmd_ls(a: argparse.Namespace) -> int:
+def fs_path(arg: str, what: str) -> str:
+    """A path in the filesystem as the trash commands take it: from its root, a leading
+    '/' or not (as du and prune take theirs); CliError (exit 2) for a '..' segment."""
+    if ".." in arg.split("/"):
+        raise CliError(f"'..' in {what} {arg}: give the path from the filesystem's root "
+                       f"(run7/step-9 or /run7/step-9), or a path inside the mount")
+    return "/".join(p for p in arg.split("/") if p not in ("", "."))
+
+
+def _target(a: argparse.Namespace) -> Target:
+    """The store and PATH of a trash command (PATH checked as fs_path does)."""
+    if ".." in str(a.path).split("/"):
+        fs_path(a.path, "PATH")
     t = open_target(a, a.path)
+    t.path = fs_path(t.path, "PATH")
     inspection.read_info(t.store)
+    return t
+
+
+def restore_command(a: argparse.Namespace, t: Target, e: Entry) -> str:
+    """The command that restores the entry `e` that `trash ls` printed: the path as shown
+    when it is in a mount, else the store as given, the path and its endpoint."""
+    if t.mountpoint is not None:
+        return f"ckptfs trash restore {shlex.quote(t.show(e.path))}"
+    extra = [w for opt in ("endpoint_url", "region") if (v := getattr(a, opt, None))
+             for w in (f"--{opt.replace('_', '-')}", v)]
+    return shlex.join(["ckptfs", "trash", "restore", a.target, e.path, *extra])
+
+
+def cmd_ls(a: argparse.Namespace) -> int:
+    t = _target(a)
     found = trash.entries(t.store, t.path)
     trash.read_sizes(t.store, found)
     items = trash.items(found)
@@ -46,19 +75,20 @@ def cmd_ls(a: argparse.Namespace) -> int:
     if not items:
         print(f"the trash of {t.store.url} holds nothing at {t.show(t.path)}")
         return 0
-    rows = [(utc(it.head.deleted)[:19], _expires(it.head), it.head.node, str(it.files),
-             human(it.bytes), _where(it.head, t)) for it in items]
-    head = ("deleted (store time)", "expires", "node", "files", "size", "path")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
+    rows = [(utc(it.head.deleted), _expires(it.head), it.head.node, str(it.files),
+             human(it.bytes), str(it.head.version or "-"), _where(it.head, t))
+            for it in items]
+    head = ("deleted (store time)", "expires", "node", "files", "size", "version", "path")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(6)]
     for r in [head, *rows]:
         print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  "
-              f"{r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}  {r[5]}")
+              f"{r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}  {r[5]:>{widths[5]}}  {r[6]}")
     for e in (e for e in found if e.damaged is not None):
         stops = "" if e.is_dir else "; gc stops on it until it is repaired or deleted"
         print(f"DAMAGED  {e.key}: {e.damaged} (restore skips it{stops})")
     files = sum(it.files for it in items)
     print(f"{len(items)} deleted items, {files} files ({human(sum(it.bytes for it in items))})"
-          f"; put one back with: ckptfs trash restore {a.target} PATH")
+          f"; put one back with: {restore_command(a, t, items[0].head)}")
     return 0
 
 
@@ -67,40 +97,46 @@ def _destination(a: argparse.Namespace, t: Target) -> str | None:
     to: str | None = a.to
     if to is None:
         return None
+    fs_path(to, "--to")
     mounted = mounted_path(to)
     if t.mountpoint is not None and mounted is not None:
+        if os.path.realpath(t.mountpoint) != os.path.realpath(mounted[0]):
+            raise CliError(f"--to {to} is in another mount ({mounted[0]}): a restore "
+                           f"stays in the filesystem of {t.store.url}")
         return mounted[1]
-    if os.path.isabs(to):
-        raise CliError(f"--to {to}: give a path in the filesystem of {t.store.url} (from "
-                       f"its root), or a path inside the mount")
-    return to.strip("/")
+    return fs_path(to, "--to")  # from the root of the filesystem: with a '/' or not
 
 
 def cmd_restore(a: argparse.Namespace) -> int:
-    t = open_target(a, a.path)
-    inspection.read_info(t.store)
+    t = _target(a)
     if not t.path:
         raise CliError("name what to restore: a deleted file or directory (ckptfs trash ls "
                        "lists them)")
-    r = trash.restore(t.store, t.path, _destination(a, t), dry_run=a.dry_run)
+    r = trash.restore(t.store, t.path, _destination(a, t), dry_run=a.dry_run,
+                      version=a.version)
     if a.json:
         print(json.dumps(r.to_dict(), indent=1))
         return 1 if r.skipped else 0
     verb = "would restore" if a.dry_run else "restored"
     for e in r.restored:
-        print(f"{verb} {_where(e, t)}" + (f" ({human(e.size)})" if not e.is_dir else ""))
+        moved = f" to {t.show(r.destination(e))}" if r.to != r.path else ""
+        print(f"{verb} {_where(e, t)}{moved}" + (f" ({human(e.size)})" if not e.is_dir
+                                                  else ""))
     for e, why in r.skipped:
-        print(f"left in the trash {_where(e, t)}: {why}")
+        dest = r.destination(e)
+        print(f"left in the trash {_where(e, t)}: {why.replace(dest, t.show(dest), 1)}")
     files = [e for e in r.restored if not e.is_dir]
+    taken = any(why.startswith(f"{r.destination(e)} exists") for e, why in r.skipped)
     print(f"{'dry run: ' if a.dry_run else ''}{verb} {len(files)} files "
           f"({human(sum(e.size for e in files))}) to {t.show(r.to)}"
-          + (f"; {len(r.skipped)} left in the trash" if r.skipped else ""))
+          + (f"; {len(r.skipped)} left in the trash" if r.skipped else "")
+          + ("; a name that exists is never overwritten: restore beside it with --to"
+             if taken else ""))
     return 1 if r.skipped else 0
 
 
 def cmd_empty(a: argparse.Namespace) -> int:
-    t = open_target(a, a.path)
-    inspection.read_info(t.store)
+    t = _target(a)
     gone = trash.empty(t.store, t.path, dry_run=a.dry_run)
     files = [e for e in gone if not e.is_dir]
     if a.json:
@@ -120,7 +156,8 @@ def add_trash_parser(sub: Any) -> None:
     tr = sub.add_parser(
         "trash", help="list, restore or empty deleted files (undo rm -rf)",
         description="Deletes through a mount (unlink, rmdir, rm -rf, a rename over an "
-        "existing file) and ckptfs prune move the manifests to the store's trash, where "
+        "existing file), overwrites (the version a publish replaces: torch.save over "
+        "latest.pt) and ckptfs prune move the manifests to the store's trash, where "
         "they stay for --trash-hours (a mount option, 24 by default; 0 turns the trash "
         "off). While a file is in the trash its chunks stay in the store (ckptfs gc "
         "counts it), so any node can restore it byte for byte; once its time is up, gc "
@@ -140,9 +177,12 @@ def add_trash_parser(sub: Any) -> None:
 
     ls = verbs.add_parser(
         "ls", help="what the trash holds",
-        description="One line per deleted file or directory, newest first: when it was "
-        "deleted (store time), when it expires, the node, the files and bytes it holds. "
-        "A directory removed with rm -rf is one line, with the files deleted with it. "
+        description="One line per deleted file or directory, and per version of a file "
+        "that an overwrite replaced, newest first: when it was set aside (store time, "
+        "UTC), when it expires, the node, the files and bytes it holds, and a file's "
+        "version number among those of its path (1 is the newest; trash restore "
+        "--version takes it). A directory removed with rm -rf is one line, with the "
+        "files deleted with it. "
         + STORE_HELP, epilog="example: ckptfs trash ls /mnt/ckpt/run7")
     common(ls, "with STORE: only what was under this path (default: everything)")
     ls.set_defaults(func=cmd_ls)
@@ -150,8 +190,10 @@ def add_trash_parser(sub: Any) -> None:
     rs = verbs.add_parser(
         "restore", help="put a deleted file or directory back",
         description="Put back the newest deleted version of PATH and of everything that "
-        "was under it, where it was (or at --to); each restored entry leaves the trash. A "
-        "name that exists again is left alone and reported. The files come back byte for "
+        "was under it, where it was (or at --to), or with --version a chosen version of "
+        "the file PATH; each restored entry leaves the trash. A name that exists is "
+        "never overwritten (a conditional write, even against another node's publish "
+        "meanwhile): it is left in the trash and reported. The files come back byte for "
         "byte, with their mode and mtime; mounts see them within their --metadata-ttl. "
         "Exit status: 0 all restored, 1 some left in the trash, 2 nothing to restore or "
         "an error. " + STORE_HELP,
@@ -159,7 +201,13 @@ def add_trash_parser(sub: Any) -> None:
         "restore s3://bucket/ckpt run7/step-9 --to run7/step-9.recovered --dry-run")
     common(rs, "with STORE: the deleted file or directory, from the filesystem root")
     rs.add_argument("--to", metavar="DEST", help="restore there instead: a path from the "
-                    "filesystem root, or a path inside the same mount")
+                    "filesystem root (with a leading / or not), or a path inside the "
+                    "same mount; never over a file that exists")
+    rs.add_argument("--version", metavar="N|TIME", help="restore this version of the file "
+                    "PATH: N as trash ls numbers them (1 is the newest in the trash: the "
+                    "one the last overwrite or delete set aside), or a UTC time as trash ls "
+                    "shows it (the newest set aside at or before it); the file must not "
+                    "exist, or give --to")
     rs.add_argument("--dry-run", action="store_true", help="change nothing, say what would "
                     "be restored")
     rs.set_defaults(func=cmd_restore)

@@ -48,7 +48,7 @@ from .errors import (
     StoreError,
 )
 from .fetcher import Fetcher
-from .journal import Op, PendingChunk
+from .journal import Op, OpRecord, PendingChunk
 from .listing import Lister
 from .manifests import DirMarker, Manifest, StoreInfo
 from .namespace import ROOT_INODE, DirNode, FileNode, InodeTable, Node, NodeT
@@ -326,22 +326,31 @@ class CheckpointFS:
                       body: bytes | None = None, chunks: list[PendingChunk] | None = None,
                       wait: bool = True, changing: list[tuple[DirNode, str]] | None = None,
                       staging_id: int | None = None,
-                      stale: frozenset[str] = frozenset()) -> int:
+                      stale: frozenset[str] = frozenset(),
+                      replaced: bytes | None = None) -> int:
         """Journal a metadata op (and chunks), queue it, optionally wait until applied.
 
         `changing` (from _changing) are the directory entries the op changes;
         `staging_id`, for a put_file of a version written here, its staging file;
         `stale`, chunks it names that the publisher must confirm before its PUT.
+        `replaced`, for a put_file, the manifest of the version it replaces: journaled in
+        the same transaction as a keep_version op after it, which is not waited for.
         """
         seq = 0
         try:
             crash_point(f"before_journal_{kind}")
             journaled_at, since = time.time(), time.monotonic()
-            [seq] = await self.uploader.persist(
-                chunks or [], [(kind, path, path2, body, staging_id)], path if chunks else None)
+            records: list[OpRecord] = [(kind, path, path2, body, staging_id)]
+            if replaced is not None:
+                records.append(("keep_version", path, None, replaced))
+            seqs = await self.uploader.persist(chunks or [], records, path if chunks else None)
+            seq = seqs[0]
             crash_point(f"journaled_{kind}")
             await self.publisher.add(Op(seq, kind, path, path2, body, journaled_at, staging_id),
                                      since, stale)
+            if replaced is not None:
+                await self.publisher.add(Op(seqs[1], "keep_version", path, None, replaced,
+                                            journaled_at), since)
         finally:
             for dnode, name in changing or ():
                 dnode.recent.end(name, seq)
@@ -724,10 +733,15 @@ class CheckpointFS:
         if not node.removed:
             # journal first: if that fails (cache disk full), the buffer stays open and
             # close/fsync report the error; nothing is half published
+            # the version it replaces goes to the trash (a symlink's target is not a
+            # version of it; a file new here replaces nothing)
+            old = node.manifest
             await self._submit("put_file", node.path, body=m.to_json(),
                                chunks=version.pending,
                                changing=self._changing((node.parent, node.name)),
-                               staging_id=buf.staging.id, stale=stale)
+                               staging_id=buf.staging.id, stale=stale,
+                               replaced=None if old is None or old.is_symlink
+                               else old.to_json())
             self.published_bytes += m.size
         buf.published(version, journaled=not node.removed)
         node.buffer = None

@@ -9,6 +9,13 @@ Kinds of op (journal.Op):
     rename_file path -> path2   copy the manifest, then delete the old key
     rename_dir  path -> path2   PUT an intent record, copy every key under files/<path>/,
                                 delete the old keys, delete the intent record
+    keep_version path, body     PUT the manifest a put_file just replaced (body) into the
+                                trash (trash/<batch>/<path>), unless the trash is off
+
+A put_file that replaces a version this node knew is journaled with a keep_version op
+after it, in the same transaction: the old manifest goes to the trash after the new one
+is published, so a close waits for nothing more, and a replay PUTs the journaled bytes
+again (never the store's manifest, which may be the new version by then).
 
 Every op is idempotent, so replaying the journal after a crash (at any point of an op)
 rolls it forward on this node. A directory rename is also recorded in the store
@@ -398,6 +405,9 @@ class Publisher:
         op = batch[0]
         if op.kind == "put_file":
             self.store.put(manifests.file_key(op.path), op.body or b"")
+        elif op.kind == "keep_version":
+            if self.trash_keep:  # the batch from the op: the same key on a replay
+                trash.keep_version(self.store, op.path, op.body or b"", self._trash_batch(op))
         elif op.kind == "put_dir":
             self.store.put(manifests.dir_key(op.path), op.body or b"")
         elif op.kind == "rename_file":

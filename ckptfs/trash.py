@@ -3,13 +3,16 @@ while, so that a delete, an `rm -rf` too, can be undone from any node (`ckptfs t
 
 A delete through a mount (unlink, rmdir, a rename over an existing file) and `ckptfs prune`
 first copy each manifest or marker to `trash/<batch>/<path>` and then delete it; the
-batch names when, on which node and for how long (docs/FORMAT.md, "Trash"). Nothing
+batch names when, on which node and for how long (docs/FORMAT.md, "Trash"). A publish
+that replaces a file keeps the replaced manifest there too (keep_version): the versions
+of a path, numbered newest first, that `trash restore --version` picks from. Nothing
 reads the trash but this module and gc, which counts its manifests as references until
 they expire (store time of the trash object + the batch's keep) and then deletes them.
 """
 
 from __future__ import annotations
 
+import calendar
 import logging
 import math
 import re
@@ -77,6 +80,16 @@ def keep(store: Store, key: str, batch: str) -> bool:
         return False
 
 
+def keep_version(store: Store, path: str, manifest: bytes, batch: str) -> None:
+    """Put the manifest of a version of the file `path` that a publish replaced into the
+    trash (one PUT): kept like a delete, and restorable with `trash restore --version`.
+    A key too long for the store once it is under the trash is not kept (logged)."""
+    try:
+        store.put(trash_key(batch, manifests.file_key(path)), manifest)
+    except KeyTooLongError as e:
+        log.warning("previous version not kept in the trash (%s): %s", e, path)
+
+
 def keep_all(store: Store, keys: Iterable[str], batch: str) -> None:
     """keep() each key, TRASH_THREADS at a time."""
     keys = list(keys)
@@ -102,6 +115,7 @@ class Entry:
     size: int = 0       # a file's size (read_sizes), 0 for a directory
     symlink: bool = False
     damaged: str | None = None  # why its manifest or marker is damaged (read_sizes)
+    version: int = 0    # a file's: 1 for the newest of its path in the trash, 2, ...
 
     @property
     def expires(self) -> float:
@@ -111,7 +125,8 @@ class Entry:
         return {"path": self.path, "dir": self.is_dir, "key": self.key,
                 "deleted": self.deleted, "expires": None if math.isinf(self.keep)
                 else self.expires, "node": self.node, "size": self.size,
-                "damaged": self.damaged}
+                "damaged": self.damaged,
+                **({"version": self.version} if self.version else {})}
 
 
 def parse(info: ObjectInfo) -> Entry | None:
@@ -140,11 +155,50 @@ def _under(path: str, root: str) -> bool:
 
 
 def entries(store: Store, path: str = "") -> list[Entry]:
-    """Every trash entry at or under `path` ("" for all), oldest deletion first."""
+    """Every trash entry at or under `path` ("" for all), oldest deletion first, each
+    file's numbered among the versions of its path (Entry.version)."""
     found = [e for e in (parse(i) for i in store.scan(TRASH))
              if e is not None and _under(e.path, path)]
     found.sort(key=lambda e: (e.deleted, e.key))
+    seen: dict[str, int] = {}
+    for e in reversed(found):  # newest first
+        if not e.is_dir:
+            e.version = seen[e.path] = seen.get(e.path, 0) + 1
     return found
+
+
+def pick_version(found: list[Entry], path: str, version: str) -> Entry:
+    """The version of the file `path` that `version` names: N (1 is the newest in the
+    trash), or a UTC time as `trash ls` shows it (the newest set aside at or before it).
+    NoEntry if there is no such version; ConfigError if `version` is neither."""
+    kept = sorted((e for e in found if e.path == path and not e.is_dir),
+                  key=lambda e: e.version)
+    if version.isdigit():
+        chosen = [e for e in kept if e.version == int(version)]
+    else:
+        when = parse_utc(version)
+        chosen = [e for e in kept if math.floor(e.deleted) <= when][:1]
+    if not chosen:
+        raise NoEntry(f"no version {version} of {path or 'the root'} in the trash (it "
+                      f"holds {len(kept)}: ckptfs trash ls lists them)")
+    return chosen[0]
+
+
+#: the UTC times --version takes: as `trash ls` shows them, and ISO 8601
+UTC_FORMATS = ("%Y-%m-%d %H:%M:%S UTC", "%Y-%m-%d %H:%M:%SZ", "%Y-%m-%dT%H:%M:%SZ",
+               "%Y-%m-%d %H:%M UTC", "%Y%m%dT%H%M%SZ")
+
+
+def parse_utc(text: str) -> float:
+    """Unix seconds of a UTC time in one of UTC_FORMATS; ConfigError otherwise."""
+    for fmt in UTC_FORMATS:
+        try:
+            return float(calendar.timegm(time.strptime(text.strip(), fmt)))
+        except ValueError:
+            continue
+    raise ConfigError(f"--version {text}: give a number (1 is the newest version in the "
+                      f"trash) or a UTC time as ckptfs trash ls shows it "
+                      f"(2026-12-01 05:33:00 UTC)")
 
 
 def read_sizes(store: Store, found: list[Entry]) -> None:
@@ -221,6 +275,11 @@ class Restored:
     restored: list[Entry] = field(default_factory=list)
     skipped: list[tuple[Entry, str]] = field(default_factory=list)
 
+    def destination(self, e: Entry) -> str:
+        """Where the entry `e` (at or under `path`) is restored."""
+        rest = e.path[len(self.path):]
+        return self.to + rest if self.to else rest.lstrip("/")
+
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "to": self.to, "dry_run": self.dry_run,
                 "restored": [e.to_dict() for e in self.restored],
@@ -237,15 +296,17 @@ def newest(found: list[Entry]) -> list[Entry]:
     return sorted(latest.values(), key=lambda e: e.path)
 
 
-def restore(store: Store, path: str, to: str | None = None, dry_run: bool = False
-            ) -> Restored:
-    """Put back the newest trashed version of `path` and of everything under it, at `to`
-    (default: where it was). A name that exists again is left alone (skipped). Each
-    restored entry is copied back, then deleted from the trash. NoEntry if the trash
-    holds nothing at or under `path`."""
+def restore(store: Store, path: str, to: str | None = None, dry_run: bool = False,
+            version: str | None = None) -> Restored:
+    """Put back the newest trashed version of `path` and of everything under it (or, with
+    `version`, that version of the file `path`: pick_version), at `to` (default: where it
+    was). A name that exists again is left alone (skipped). Each restored entry is
+    copied back, then deleted from the trash. NoEntry if the trash holds nothing at or
+    under `path`."""
     path = manifests.check_path(path.strip("/"))
     to = path if to is None else manifests.check_path(to.strip("/"))
-    chosen = newest(entries(store, path))
+    found = entries(store, path)
+    chosen = newest(found) if version is None else [pick_version(found, path, version)]
     if not chosen:
         raise NoEntry(f"nothing at {path or 'the root'} in the trash of {store.url} "
                       f"(ckptfs trash ls lists it)")
@@ -255,7 +316,7 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
     def one(e: Entry) -> str | None:
         if e.damaged is not None:
             return f"damaged: {e.damaged}"
-        dest = to + e.path[len(path):] if to else e.path[len(path):].lstrip("/")
+        dest = result.destination(e)
         if not dest and not e.is_dir:
             return "a file cannot take the place of the root directory"
         key = manifests.dir_key(dest) if e.is_dir else manifests.file_key(dest)
@@ -271,9 +332,12 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
         if dry_run:
             return None
         try:
-            # a directory that exists again keeps its own marker (mode and mtime)
-            if dest and not (e.is_dir and store.head(key) is not None):
-                _copy(store, e.key, key)
+            # written only where nothing is: a file published there since the checks
+            # above is never overwritten (atomic where the store has a conditional write;
+            # docs/FORMAT.md, "Trash"); a directory that exists again keeps its own
+            # marker (mode and mtime)
+            if dest and not store.put_if_absent(key, store.get(e.key)) and not e.is_dir:
+                return f"{dest} exists (published while this restore ran)"
         except NotFoundError:
             return "gone from the trash meanwhile (emptied, or expired and collected)"
         store.delete(e.key)
@@ -321,5 +385,6 @@ def expire(store: Store, now: float, dry_run: bool = False) -> Iterator[ObjectIn
 
 
 def this_node() -> str:
-    """The node name in the batches of a command run here (prune): the host name."""
-    return socket.gethostname()
+    """The node name in the batches of a command run here (prune): `<host>-cli`, in the
+    form of a mount's `<node id>-<cache id>` (the host, then what on it deleted)."""
+    return f"{socket.gethostname()}-cli"

@@ -15,6 +15,7 @@ from azure.core.exceptions import (
     AzureError,
     ClientAuthenticationError,
     HttpResponseError,
+    ResourceExistsError,
     ResourceNotFoundError,
     ServiceRequestError,
     ServiceResponseError,
@@ -206,6 +207,20 @@ class AzureStore(PrefixedStore):
         with self._errors("put", key):
             # one Put Blob up to 64 MiB; above, blocks and one Put Block List: atomic both
             self._client.upload_blob(self._key(key), body, overwrite=True, max_concurrency=1)
+
+    #: Put Blob with If-None-Match: * (409 BlobAlreadyExists if the blob exists)
+    atomic_create = True
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        self.check_length(key)
+        body = bytes(data) if isinstance(data, memoryview) else data
+        with self._errors("put_if_absent", key):
+            try:
+                self._client.upload_blob(self._key(key), body, overwrite=False,
+                                         max_concurrency=1)
+            except ResourceExistsError:
+                return False
+        return True
 
     def get(self, key: str) -> bytes:
         with self._errors("get", key):

@@ -112,6 +112,19 @@ class Store(abc.ABC):
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Store `data` under `key`, atomically replacing any old object."""
 
+    #: whether put_if_absent() is atomic here (a conditional write the store enforces);
+    #: False: it checks, then writes, and a writer in between is overwritten
+    atomic_create: bool = False
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Store `data` under `key` only if no object is there; True if it was stored,
+        False if an object was there (left as it was). Here a HEAD, then a put: not
+        atomic (atomic_create); stores with a conditional write override this."""
+        if self.head(key) is not None:
+            return False
+        self.put(key, data)
+        return True
+
     def put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """put() of the concatenation of `parts` (stores that can write them one after
         the other without joining them first override this)."""

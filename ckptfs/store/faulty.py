@@ -13,7 +13,7 @@ from ..errors import TransientStoreError
 from .base import Listing, ObjectInfo, Store
 
 OPS = ("put", "get", "get_range", "head", "delete", "list", "copy", "scan", "stat",
-       "rename")
+       "rename", "put_if_absent")
 
 
 class FaultyStore(Store):
@@ -126,6 +126,14 @@ class FaultyStore(Store):
             return
         self.inner.put(key, memoryview(data)[:partial])
         raise TransientStoreError(f"injected partial put of {key}: {partial} bytes written")
+
+    @property
+    def atomic_create(self) -> bool:  # type: ignore[override]
+        return bool(self.inner.atomic_create)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        self._enter("put_if_absent")
+        return self.inner.put_if_absent(key, data)
 
     def get(self, key: str) -> bytes:
         self._enter("get")

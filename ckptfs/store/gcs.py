@@ -190,6 +190,21 @@ class GcsStore(PrefixedStore):
                                                checksum=None, retry=None,
                                                timeout=self._timeout)
 
+    #: an upload with ifGenerationMatch=0 (412 if the object exists)
+    atomic_create = True
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        self.check_length(key)
+        body = bytes(data) if isinstance(data, memoryview) else data
+        with self._errors("put_if_absent", key):
+            try:
+                self._blob(key).upload_from_string(
+                    body, content_type="application/octet-stream", checksum=None,
+                    retry=None, timeout=self._timeout, if_generation_match=0)
+            except api.PreconditionFailed:
+                return False
+        return True
+
     def get(self, key: str) -> bytes:
         with self._errors("get", key):
             return bytes(self._blob(key).download_as_bytes(checksum=None, retry=None,

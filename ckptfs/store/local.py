@@ -226,8 +226,11 @@ class LocalStore(Store):
                 # else a concurrent delete pruned an (empty) parent: create it again
         raise TransientStoreError(f"cannot create the directory {path.parent}: keeps vanishing")
 
-    def _publish(self, path: Path, fill: Callable[[int], None]) -> None:
-        """Write a temp file with `fill(fd)`, then atomically rename it onto `path`."""
+    def _publish(self, path: Path, fill: Callable[[int], None], exclusive: bool = False
+                 ) -> bool:
+        """Write a temp file with `fill(fd)`, then atomically rename it onto `path`; or,
+        `exclusive`, link it there (which fails if `path` exists: then False) and remove
+        the temp file."""
         tmp, fd, created = self._open_temp(path)
         try:
             try:
@@ -238,7 +241,15 @@ class LocalStore(Store):
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-            os.replace(tmp, path)
+            if not exclusive:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                finally:
+                    tmp.unlink()
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -246,6 +257,7 @@ class LocalStore(Store):
         if self.fsync:
             for d in {path.parent, *(c.parent for c in created)}:
                 fsync_dir(d)
+        return True
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         self.put_parts(key, [data])
@@ -255,25 +267,36 @@ class LocalStore(Store):
         with self._errors("put", key):
             write(lambda fd: write_parts(fd, parts))
 
+    #: a link(2) of the written temp file fails if the name exists (NFS too)
+    atomic_create = True
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        write = self._writer(key, exclusive=True)
+        with self._errors("put_if_absent", key):
+            return write(lambda fd: write_all(fd, data))
+
     def copy(self, src: str, dst: str) -> None:
         src_path, write = self._path(src), self._writer(dst)
         with self._errors("copy", src), open(src_path, "rb", buffering=0) as f:
             write(lambda fd: _copy_fd(f.fileno(), fd))
 
-    def _writer(self, key: str) -> Callable[[Callable[[int], None]], None]:
+    def _writer(self, key: str, exclusive: bool = False
+                ) -> Callable[[Callable[[int], None]], bool]:
         """A function that writes the object `key` with `fill(fd)`, together with the name
-        files of its mapped segments; KeyTooLongError (before any I/O) if it cannot fit."""
+        files of its mapped segments, and returns whether it did (False: `exclusive`, and
+        the object exists); KeyTooLongError (before any I/O) if it cannot fit."""
         path, names = self._locate(key)
         self._check_length(key, path, names)
 
-        def write(fill: Callable[[int], None]) -> None:
+        def write(fill: Callable[[int], None]) -> bool:
             # names first, so that a crash never leaves an object without its name; then
             # again, since a concurrent delete of their last user may have removed them
             for name_path, segment in names:
                 self._keep_name(name_path, segment)
-            self._publish(path, fill)
+            written = self._publish(path, fill, exclusive)
             for name_path, segment in names:
                 self._keep_name(name_path, segment)
+            return written
 
         return write
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -40,6 +41,8 @@ from .base import (
     restamp_if_slow,
     root_cause,
 )
+
+log = logging.getLogger(__name__)
 
 #: error codes of a missing object
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -123,6 +126,8 @@ class S3Store(PrefixedStore):
         self.endpoint: str = self._client.meta.endpoint_url
         self._endpoint_arg = endpoint_url
         self._no_batch_delete = False  # set once the server refuses DeleteObjects
+        #: None until the first put_if_absent finds out (_probe_conditional_put)
+        self.atomic_create: bool | None = None  # type: ignore[assignment]
         self.url = self._url()
 
     def _url(self) -> str:
@@ -185,6 +190,49 @@ class S3Store(PrefixedStore):
         with self._errors("put", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body,
                                     **extra)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """PutObject with If-None-Match: * (412 if the key exists, 409 if a concurrent
+        conditional write won). A server that ignores the header (it stores over an
+        object that exists, as SeaweedFS does) is found out by one probe the first time,
+        and then gets the check-then-put of Store.put_if_absent (atomic_create False)."""
+        if self.atomic_create is None:
+            self.atomic_create = self._probe_conditional_put()
+        if not self.atomic_create:
+            return super().put_if_absent(key, data)
+        self.check_length(key)
+        body = bytes(data) if isinstance(data, memoryview) else data
+        with self._errors("put_if_absent", key):
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body,
+                                        IfNoneMatch="*")
+            except ClientError as e:
+                if error_code(e)[1] in (409, 412):
+                    return False
+                raise
+        return True
+
+    def _probe_conditional_put(self) -> bool:
+        """Whether the server refuses a PutObject with If-None-Match: * over an object
+        that exists (two PUTs, a HEAD and a DELETE of a probe object)."""
+        probe = f"ckptfs-conditional-put-probe-{os.getpid()}-{time.monotonic_ns()}"
+        self._put(probe, b"1", None)
+        try:
+            with self._errors("put_if_absent", probe):
+                try:
+                    self._client.put_object(Bucket=self.bucket, Key=self._key(probe),
+                                            Body=b"22", IfNoneMatch="*")
+                except ClientError as e:
+                    if error_code(e)[1] in (409, 412):
+                        return True
+                    if error_class(*error_code(e)) is not PermanentStoreError:
+                        raise
+                    # else (e.g. NotImplemented) the header is not understood
+        finally:
+            self.delete(probe)
+        log.warning("%s ignores If-None-Match on PUT: trash restore checks, then writes "
+                    "(docs/FORMAT.md, Trash)", self.endpoint)
+        return False
 
     def check_storage_class(self) -> None:
         """PUT (and delete) a small probe object with the chunk storage class, so that a

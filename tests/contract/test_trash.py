@@ -6,6 +6,8 @@ tests/fuse/test_trash_mounted.py."""
 from __future__ import annotations
 
 import json
+import shlex
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -140,6 +142,54 @@ def test_a_rename_over_a_file_keeps_the_replaced_version(
     assert read_back(st.store, "last.pt") == new
 
 
+def test_put_if_absent_never_replaces_an_object(st: StoreUnderTest) -> None:
+    """The conditional create restore writes with: refused over an object that exists,
+    by the server itself where it can (S3 If-None-Match: *, Azure If-None-Match: *, GCS
+    ifGenerationMatch=0, link(2) on a directory store): all four servers here honour it
+    (an S3 server's is probed once: SeaweedFS answers 412)."""
+    assert st.store.put_if_absent("x/new", b"first") is True
+    assert st.store.put_if_absent("x/new", b"second") is False
+    assert st.store.get("x/new") == b"first"
+    assert st.store.atomic_create is True
+    assert [k for k, _ in st.store.list("", None).objects if "probe" in k] == []
+
+
+class PublishedMeanwhile(FaultyStore):
+    """A store on which another node publishes `path` just after restore found it free:
+    between its check (a HEAD) and its write."""
+
+    def __init__(self, inner: Store, path: str, data: bytes) -> None:
+        super().__init__(inner)
+        self.key, self.data, self.done = manifests.file_key(path), data, False
+
+    def head(self, key: str) -> int | None:
+        size = self.inner.head(key)
+        if key == self.key and size is None and not self.done:
+            self.done = True
+            put_file(self.inner, self.key[len(FILES):], self.data)
+        return size
+
+
+def test_a_restore_that_loses_the_race_leaves_the_new_file_alone(
+        st: StoreUnderTest, publisher: Publisher) -> None:
+    """A file published at the name while restore runs wins: restore skips that path
+    (exit 1 on the command line, as for a name that exists again) and never overwrites
+    it; the old version stays in the trash."""
+    old, new = random_bytes(CHUNK + 3, seed=5), random_bytes(CHUNK + 9, seed=6)
+    put_file(st.store, "d/model.pt", old)
+    put_file(st.store, "d/other.pt", b"other")
+    rm_rf(publisher, "d")
+    r = trash.restore(PublishedMeanwhile(st.store, "d/model.pt", new), "d")
+    assert [e.path for e in r.restored] == ["d", "d/other.pt"]
+    [(entry, why)] = r.skipped
+    assert (entry.path, why) == ("d/model.pt", "d/model.pt exists (published while this "
+                                 "restore ran)")
+    assert read_back(st.store, "d/model.pt") == new
+    assert read_back(st.store, "d/other.pt") == b"other"
+    [left] = trash_keys(st.store)
+    assert left.endswith("/d/model.pt")
+
+
 def test_without_trash_deletes_are_final(st: StoreUnderTest, publisher: Publisher) -> None:
     publisher.trash_keep = 0
     checkpoint(st.store, "step-1")
@@ -149,20 +199,32 @@ def test_without_trash_deletes_are_final(st: StoreUnderTest, publisher: Publishe
 
 
 def test_gc_keeps_what_the_trash_names_until_its_time_is_up(
-        st: StoreUnderTest, publisher: Publisher) -> None:
-    """While a deleted checkpoint is in the trash, gc (grace 0) keeps its chunks; once
-    its time is up (by the store's clock), gc deletes the entry and the next runs set the
-    chunks aside and free them, leaving the files that remain intact."""
+        st: StoreUnderTest, publisher: Publisher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a deleted checkpoint is in the trash, gc (grace 0) keeps its chunks, even a
+    minute before its time is up by the store's clock; once it is up, gc deletes the
+    entry and the next runs set the chunks aside and free them, leaving the files that
+    remain intact. gc's store clock is moved on instead of waiting (S3 times have whole
+    seconds)."""
     checkpoint(st.store, "step-1")
     checkpoint(st.store, "step-2")
     doomed = names_under(st.store, "step-1") - names_under(st.store, "step-2")
     keep = files_under(st.store, "step-2")
-    publisher.trash_keep = 2.0
-    rm_rf(publisher, "step-1")
+    rm_rf(publisher, "step-1")  # kept for HOUR
+    deleted = max(i.mtime for i in st.store.scan(TRASH))
+    real_store_time = gc.store_time
+    ahead = 0.0
+
+    def moved_on(store: Store) -> float:
+        return real_store_time(store) + ahead
+
+    monkeypatch.setattr(gc, "store_time", moved_on)
+    r = gc.collect(st.store, 0.0)
+    assert r.trash_expired.count == 0 and r.fossilized.count == 0, r.to_dict()
+    ahead = deleted + HOUR - 60.0 - real_store_time(st.store)  # a minute before
     r = gc.collect(st.store, 0.0)
     assert r.trash_expired.count == 0 and r.fossilized.count == 0, r.to_dict()
     assert doomed <= stored_names(st.store)
-    time.sleep(3.5)  # S3 times have whole seconds
+    ahead = HOUR + 1.0  # its time is up
     dry = gc.collect(st.store, 0.0, dry_run=True)
     assert dry.trash_expired.count == 3 and dry.fossilized.count == len(doomed)
     assert len(trash_keys(st.store)) == 3
@@ -274,8 +336,11 @@ def test_bad_input_is_one_line(st: StoreUnderTest, tmp_path: Path) -> None:
         (["trash", "ls", "s3://", *st.extra], "ckptfs: "),
         (["prune", st.url, "--keep-last", "1", "--trash-hours", "-1", *st.extra],
          "--trash-hours must be 0"),
-        (["trash", "restore", st.url, "a", "--to", "/abs", *st.extra], "--to /abs"),
     ]
+    for verb in ("ls", "restore", "empty"):  # the same refusal from each verb
+        cases.append((["trash", verb, st.url, "run/../x", *st.extra], "'..' in PATH run/../x"))
+    cases.append((["trash", "restore", st.url, "a", "--to", "../b", *st.extra],
+                  "'..' in --to ../b"))
     for args, words in cases:
         r = run_cli(*args, check=False)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
@@ -300,3 +365,32 @@ def test_retention_remove_tree_with_a_batch(st: StoreUnderTest) -> None:
     checkpoint(st.store, "c")
     n = retention.remove_tree(st.store, "c", trash.batch_id(HOUR, 0, "cli"))
     assert n == 2 and len(trash_keys(st.store)) == 3
+
+
+def test_path_forms_and_hints_are_commands_that_work(
+        st: StoreUnderTest, publisher: Publisher) -> None:
+    """`trash ls` shows its times in UTC and ends with a restore command that works as
+    printed; `--to` takes a path from the root with or without a leading '/', and each
+    line names where the entry went; a prune's node is `<host>-cli`."""
+    put_file(st.store, "run/a.pt", b"a1")
+    put_file(st.store, "run/b.pt", b"b1")
+    rm_rf(publisher, "run")
+    r = tcli(st, "ls", "/run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("20") and lines[1][:23].endswith(" UTC"), lines
+    hint = lines[-1].split("put one back with: ")[1]
+    assert shlex.split(hint)[:4] == ["ckptfs", "trash", "restore", st.url]
+    r = tcli(st, "restore", "run/a.pt", "--to", "/elsewhere/a.pt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0] == "restored run/a.pt to elsewhere/a.pt (2 B)", r.stdout
+    assert read_back(st.store, "elsewhere/a.pt") == b"a1"
+    r = run_cli(*shlex.split(hint)[1:], check=False)  # the hint, as printed
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert read_back(st.store, "run/b.pt") == b"b1"
+
+    checkpoint(st.store, "ckpt/step-1")
+    checkpoint(st.store, "ckpt/step-2")
+    assert st.cli("prune", "ckpt", "--keep-last", "1").returncode == 0
+    [item] = tjson(st, "ls", "ckpt")["items"]
+    assert item["node"] == f"{socket.gethostname()}-cli", item

@@ -84,6 +84,42 @@ def test_a_save_by_rename_keeps_the_replaced_checkpoint(
     assert_same(second, torch.load(a / "last.pt", weights_only=False))
 
 
+def test_torch_save_over_latest_keeps_the_versions_it_replaces(
+        store: MountedStore, nodes: Nodes, tmp_path: Path) -> None:
+    """torch.save over run/latest.pt three times: `trash ls` of the mounted run/ lists
+    the two replaced versions, numbered newest first, and ends with a restore command
+    that works as printed; `restore --version 2 --to` brings back the first save, and a
+    fresh mount reads exactly the bytes each save wrote. A version is never restored over
+    the file that exists (exit 1)."""
+    a = store.node(nodes, tmp_path, "a")
+    (a / "run").mkdir()
+    latest = a / "run" / "latest.pt"
+    saved = []
+    for step in range(3):
+        torch.save({"step": step, "w": torch.arange(5000) * step}, latest)
+        saved.append(latest.read_bytes())
+        run_cli("sync", str(a.path))
+    assert [(i["path"], i["version"]) for i in trash_ls(a / "run")] == [
+        ("run/latest.pt", 1), ("run/latest.pt", 2)]
+    r = run_cli("trash", "ls", str(a / "run"))
+    hint = r.stdout.splitlines()[-1].split("put one back with: ")[1]
+    assert hint == f"ckptfs trash restore {latest}", r.stdout
+    r = run_cli("trash", "restore", str(latest), "--version", "1", check=False)
+    assert r.returncode == 1 and f"{latest} exists" in r.stdout, r.stdout + r.stderr
+    r = run_cli("trash", "restore", str(latest), "--version", "2", "--to",
+                str(a / "run" / "first.pt"))
+    assert r.stdout.splitlines()[0].startswith(
+        f"restored {latest} to {a / 'run' / 'first.pt'}"), r.stdout
+    a.umount()
+    c = store.node(nodes, tmp_path, "c")  # a fresh node, empty cache
+    assert (c / "run" / "first.pt").read_bytes() == saved[0]
+    assert (c / "run" / "latest.pt").read_bytes() == saved[2]
+    run_cli("trash", "restore", str(c / "run" / "latest.pt"), "--version", "1", "--to",
+            str(c / "run" / "second.pt"))
+    wait_until(lambda: (c / "run" / "second.pt").exists(), timeout=10)
+    assert (c / "run" / "second.pt").read_bytes() == saved[1]
+
+
 def test_trash_hours_0_deletes_at_once(store: MountedStore, nodes: Nodes,
                                        tmp_path: Path) -> None:
     a = store.node(nodes, tmp_path, "a", "--trash-hours", "0")
