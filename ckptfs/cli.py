@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import shlex
 import stat
 import subprocess
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__, mounts
 from .config import MountConfig, format_duration, parse_duration, parse_size, trash_seconds
-from .errors import CkptfsError, CliError, JournalError
+from .errors import CkptfsError, CliError, ConfigError, JournalError, NoEntry, UsageError
 
 if TYPE_CHECKING:
     from .gc import GcReport, Tally
@@ -76,6 +77,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
         foreground=a.foreground, debug=a.debug, node_id=a.node_id or "",
         storage_class=a.storage_class, keep_last=a.keep_last, keep_every=a.keep_every,
         keep_pattern=a.keep_pattern, trash_hours=a.trash_hours)
+    check_mount_store(cfg)
     if cfg.keep_last is not None:
         from . import retention
 
@@ -126,6 +128,24 @@ def cmd_mount(a: argparse.Namespace) -> int:
         os.waitpid(pid, 0)
         raise CliError(line or "the ckptfs daemon exited before the mount was ready")
     return 0
+
+
+def check_mount_store(cfg: MountConfig) -> None:
+    """Before the daemon starts: UsageError (exit 2) for a malformed endpoint; CliError for
+    a directory store that does not exist but lies inside a store, with the mount that
+    works."""
+    from .locate import missing_directory_hint
+    from .store import check_endpoint
+
+    if cfg.endpoint_url and "://" in cfg.store and not cfg.store.lower().startswith(
+            "file://"):
+        try:
+            check_endpoint(cfg.endpoint_url, cfg.store)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+    hint = missing_directory_hint(cfg.store, cfg.mountpoint)
+    if hint is not None:
+        raise CliError(f"store directory does not exist: {cfg.store}; {hint}")
 
 
 def _detach_stdio(log_path: str) -> None:
@@ -456,6 +476,7 @@ class Target:
     store: Store
     path: str
     mountpoint: str | None = None  # set when the user named a path inside a mount
+    store_arg: str = ""  # the store as the user named it, cut at its root (hints)
 
     def show(self, path: str) -> str:
         """`path` (relative to the filesystem root) as the user would name it."""
@@ -463,17 +484,60 @@ class Target:
             return os.path.join(self.mountpoint, path) if path else self.mountpoint
         return path or "."
 
+    def names(self, path: str) -> str:
+        """The TARGET [PATH] words of a command that names `path` (as show() prints it):
+        the mounted path, or the store and the path."""
+        if self.mountpoint is not None:
+            return shlex.quote(path)
+        return f"{shlex.quote(self.store_arg)} {shlex.quote(path)}"
 
-def open_target(a: argparse.Namespace, path_arg: str | None = None) -> Target:
-    """Open the store of `a.target`: a path inside a ckptfs mount, or STORE [PATH]."""
+
+def store_path(arg: str, base: str = "") -> str:
+    """The path in the filesystem that PATH `arg` names below `base` (from the store's
+    root when it starts with '/'); '.' and empty segments are dropped. UsageError for a
+    '..' segment: a path in a store never leaves it."""
+    if ".." in arg.split("/"):
+        raise UsageError(f"'..' in a path in the store: {arg}; give the path from the "
+                         f"store's root (/run7/step-9) or below the TARGET (step-9)")
+    if "\0" in arg:
+        raise UsageError(f"a NUL character in the path {arg!r}")
+    parts = [] if arg.startswith("/") else base.split("/")
+    return "/".join(p for p in [*parts, *arg.split("/")] if p not in ("", "."))
+
+
+def retyped(a: argparse.Namespace, words: list[str]) -> str:
+    """The command the user ran, with its TARGET (and PATH, if given) replaced by
+    `words`: a hint that works."""
+    argv: list[str] = list(getattr(a, "argv", []))
+    given = [a.target, *([p] if (p := target_path_arg(a)) else [])]
+    for i in range(len(argv) - len(given) + 1):
+        if argv[i:i + len(given)] == given:
+            argv[i:i + len(given)] = words
+            break
+    return "ckptfs " + shlex.join(argv)
+
+
+def target_path_arg(a: argparse.Namespace) -> str:
+    """The PATH (or DIR) argument given after TARGET, or ''."""
+    return str(getattr(a, "path", "") or getattr(a, "dir", "") or "")
+
+
+def open_target(a: argparse.Namespace, path_arg: str | None = None,
+                whole_store: bool = False) -> Target:
+    """Open the store of `a.target`: a path inside a ckptfs mount, or a store URL, or a
+    URL below a store (its path there, as git finds .git: locate.py), and PATH after it.
+    With `whole_store` (gc, fsck, upgrade), a URL below a store is refused with the
+    command that works."""
+    from . import inspection, locate
+    from .manifests import INFO_KEY
     from .store import open_store
 
     mounted = mounted_path(a.target)
-    endpoint = a.endpoint_url or default_endpoint(a.target)
+    region = getattr(a, "region", None)
     if mounted is not None:
         if path_arg:
-            raise CliError(f"{a.target} is a path in a ckptfs mount; give either a mounted "
-                           f"path or STORE and a path in it, not both")
+            raise UsageError(f"{a.target} is a path in a ckptfs mount; give either a "
+                             f"mounted path or STORE and a path in it, not both")
         mountpoint, path = mounted
         try:
             st = next(request(mountpoint, "status"))
@@ -483,19 +547,37 @@ def open_target(a: argparse.Namespace, path_arg: str | None = None) -> Target:
         if "://" not in store_arg and not os.path.isabs(os.path.expanduser(store_arg)):
             store_arg = str(st["store"])  # relative to the daemon's cwd: its file:// URL
         store = open_store(store_arg, endpoint_url=a.endpoint_url or st.get("endpoint_url")
-                           or default_endpoint(store_arg), region=getattr(a, "region", None))
+                           or default_endpoint(store_arg), region=region)
+        check = getattr(store, "check", None)
+        if check is not None:
+            check()
         # the mount point as the user spelled it, so printed paths match theirs
         shown = os.path.abspath(a.target)
         if path:
             shown = shown[:-len(path) - 1] if shown.endswith("/" + path) else mountpoint
-        target = Target(store, path, shown)
-    else:
-        store = open_store(a.target, endpoint_url=endpoint, region=getattr(a, "region", None))
-        target = Target(store, (path_arg or "").strip("/"))
-    check = getattr(store, "check", None)
-    if check is not None:
-        check()
-    return target
+        return Target(store, path, shown, shown)
+    endpoint = a.endpoint_url or default_endpoint(a.target)
+    found = locate.locate(a.target, endpoint_url=endpoint, region=region)
+    if found.layout is not None:
+        path = found.named_path
+        extra = store_path(path_arg or "", path) if path_arg else path
+        words = [found.url, *([extra] if extra and not whole_store else [])]
+        raise UsageError(found.layout_refusal(a.target, retyped(a, words), len(words) > 1))
+    if whole_store and found.rest:
+        hint = retyped(a, [found.url])
+        also = (f"; to check only that path: ckptfs verify {shlex.quote(found.url)} "
+                f"{shlex.quote(found.rest)}" if a.command == "fsck" else "")
+        raise UsageError(f"{a.command} works on a whole store, and {a.target} is the "
+                         f"path {found.rest} inside the ckptfs store {found.url}; for that "
+                         f"store: {hint}{also}")
+    if not found.found:
+        try:
+            inspection.check_is_store(found.store)
+        except NoEntry:
+            raise NoEntry(f"not a ckptfs store, nor a path inside one: no {INFO_KEY} at "
+                          f"{found.store.url} or up to {locate.MAX_LEVELS} levels above "
+                          f"it") from None
+    return Target(found.store, store_path(path_arg or "", found.rest), store_arg=found.url)
 
 
 def _chunk_list(items: list[str], limit: int = 3) -> str:
@@ -594,7 +676,7 @@ def cmd_latest(a: argparse.Namespace) -> int:
 def cmd_fsck(a: argparse.Namespace) -> int:
     from . import inspection
 
-    t = open_target(a)
+    t = open_target(a, whole_store=True)
     inspection.check_is_store(t.store)  # else one line and exit 2, like verify, ls, latest
     r = inspection.fsck(t.store, deep=a.deep)
     if a.json:
@@ -787,7 +869,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
 
     grace = parse_duration(a.grace, "--grace")
     gc.check_grace(grace, a.no_writers)
-    t = open_target(a)
+    t = open_target(a, whole_store=True)
     progress = GcProgress()
     try:
         r = gc.collect(t.store, grace, dry_run=a.dry_run, progress=progress.show)
@@ -1124,11 +1206,51 @@ def negative_values_joined(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(negative_values_joined(
-        sys.argv[1:] if argv is None else argv))
+#: the exit status of a command whose output pipe was closed (`ckptfs ls STORE | head`):
+#: what a shell reports for coreutils, which SIGPIPE kills (128 + 13)
+EXIT_PIPE = 141
+
+
+def output_closed(e: OSError) -> bool:
+    """`e` is the EPIPE of writing to a stdout whose reader went away (poll reports an
+    error on a pipe's write end once its read end is closed), not one from a socket."""
+    if not isinstance(e, BrokenPipeError):
+        return False
     try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError):
+        return True  # no stdout to poll (closed): its write failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return run(sys.argv[1:] if argv is None else argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not at exit as a traceback
+    except BrokenPipeError as e:
+        if not output_closed(e):
+            raise
+        # quietly, as coreutils: nothing more can be written, and the flush at exit must
+        # not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
+
+
+def run(argv: list[str]) -> int:
+    """Parse `argv` and run its command: its exit status, or one line on stderr and the
+    command's error status."""
+    args = parser().parse_args(negative_values_joined(argv))
+    try:
+        args.argv = argv
         return int(args.func(args))
+    except UsageError as e:
+        print(f"ckptfs: {e}", file=sys.stderr)
+        return EXIT_ERROR
     except (CliError, CkptfsError) as e:
         print(f"ckptfs: {e}", file=sys.stderr)
         return int(getattr(args, "error_exit", 1))

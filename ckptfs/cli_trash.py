@@ -55,7 +55,7 @@ def cmd_ls(a: argparse.Namespace) -> int:
               f"{r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}  {r[5]}")
     files = sum(it.files for it in items)
     print(f"{len(items)} deleted items, {files} files ({human(sum(it.bytes for it in items))})"
-          f"; put one back with: ckptfs trash restore {a.target} PATH")
+          f"; put one back with: ckptfs trash restore {t.names('PATH')}")
     return 0
 
 

@@ -22,7 +22,7 @@ def describe(info: StoreInfo) -> str:
 
 
 def cmd_upgrade(a: argparse.Namespace) -> int:
-    t = open_target(a)
+    t = open_target(a, whole_store=True)
     info = inspection.read_info(t.store)
     new = info.upgraded(a.codec)
     if a.json:
