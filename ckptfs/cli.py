@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, mounts
-from .config import MountConfig, format_duration, parse_duration, parse_size, trash_seconds
+from .config import (
+    MountConfig,
+    check_glob,
+    format_duration,
+    parse_duration,
+    parse_size,
+    trash_seconds,
+)
 from .errors import CkptfsError, CliError, ConfigError, JournalError, NoEntry, UsageError
 
 if TYPE_CHECKING:
@@ -249,8 +256,15 @@ def state_line(st: dict[str, Any]) -> str:
     return "not durable: " + ", ".join(why or ["uploading"])
 
 
+def mount_of(path: str) -> str:
+    """The mount point of the ckptfs mount `path` lies in (status and sync take any path
+    inside a mount, as the store tools do), else `path` itself."""
+    mounted = mounted_path(path)
+    return mounted[0] if mounted is not None else path
+
+
 def cmd_status(a: argparse.Namespace) -> int:
-    st = next(request(a.mountpoint, "status"))
+    st = next(request(mount_of(a.mountpoint), "status"))
     print(json.dumps(st, indent=1) if a.json else format_status(st))
     return 0
 
@@ -348,7 +362,7 @@ def sync(mountpoint: str, timeout: float | None, sock: str | None = None) -> dic
 
 
 def cmd_sync(a: argparse.Namespace) -> int:
-    sync(a.mountpoint, a.timeout)
+    sync(mount_of(a.mountpoint), a.timeout)
     print(f"durable: everything closed under {a.mountpoint} is in the store")
     return 0
 
@@ -358,6 +372,10 @@ def cmd_umount(a: argparse.Namespace) -> int:
     dead = mounts.dead_mount(mountpoint)
     if dead is not None:
         return umount_dead(dead)
+    inside = mount_of(mountpoint)
+    if inside != os.path.realpath(mountpoint) and inside != mountpoint:
+        raise CliError(f"{a.mountpoint} is a path inside the ckptfs mount {inside}: ckptfs "
+                       f"umount {shlex.quote(inside)}")
     sock = control_socket(mountpoint)
     st = next(request(mountpoint, "status", sock))
     pid, cache_dir = st["pid"], st["cache_dir"]
@@ -662,6 +680,7 @@ def cmd_ls(a: argparse.Namespace) -> int:
 def cmd_latest(a: argparse.Namespace) -> int:
     from . import inspection
 
+    check_glob(a.pattern, "--pattern")
     t = open_target(a, a.dir)
     inspection.read_info(t.store)
     found = inspection.latest(t.store, t.path, a.pattern, deep=a.deep)
@@ -913,9 +932,10 @@ def cmd_prune(a: argparse.Namespace) -> int:
         retention.check_policy(a.keep_last, a.keep_every)
     except retention.PolicyError as e:
         raise CliError(str(e)) from None
+    check_glob(a.pattern, "--pattern")
+    keep = trash_seconds(a.trash_hours)
     t = open_target(a, a.dir)
     inspection.read_info(t.store)
-    keep = trash_seconds(a.trash_hours)
     r = retention.prune(t.store, t.path, a.keep_last, a.keep_every, a.pattern,
                         dry_run=a.dry_run, deep=a.deep, trash_keep=keep)
     if a.json:
@@ -977,13 +997,18 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ckptfs", description="A FUSE checkpoint store: writes land in a local cache at "
         "disk speed and go to object storage (S3, Azure Blob, GCS or a directory) in the "
-        "background.")
+        "background.",
+        epilog="A STORE is " + STORE_FORMS + ". The store tools also take a URL below a "
+        "store (s3://bucket/run7/step-1000: the path step-1000 of the store s3://bucket/run7, "
+        "found by walking up to its ckptfs.json) and a path inside a mount. "
+        "docs/OPERATIONS.md has every command.")
     p.add_argument("--version", action="version", version=f"ckptfs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("mount", help="mount a store on a directory",
-                       description="Mount STORE (s3://bucket[/prefix], az://container[/prefix], "
-                       "gs://bucket[/prefix], file:///path or a directory) on MOUNTPOINT. "
+                       description="Mount STORE (" + STORE_FORMS + ") on MOUNTPOINT: a "
+                       "whole store (a URL below a store is refused with the mount that "
+                       "works), created when it does not exist. "
                        "Returns when the mount is ready; the daemon logs to "
                        "CACHE_DIR/ckptfs.log. Credentials come from each cloud's own chain: "
                        "AWS (environment, ~/.aws); Azure (AZURE_STORAGE_CONNECTION_STRING, or "
@@ -1062,12 +1087,15 @@ def parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_umount)
 
     s = sub.add_parser("status", help="upload state of a mount")
-    s.add_argument("mountpoint")
+    s.add_argument("mountpoint", metavar="MOUNTPOINT",
+                   help="the mount point, or any path inside the mount")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
 
     y = sub.add_parser("sync", help="wait until everything closed so far is in the store")
-    y.add_argument("mountpoint")
+    y.add_argument("mountpoint", metavar="MOUNTPOINT",
+                   help="the mount point, or any path inside the mount (the whole mount is "
+                   "synced)")
     y.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
     y.set_defaults(func=cmd_sync)
     add_store_tools(sub)
@@ -1080,12 +1108,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: every kind of store, as a URL names it
+STORE_FORMS = ("s3://bucket[/prefix], az://container[/prefix], gs://bucket[/prefix], "
+               "file:///path or a directory")
 STORE_HELP = ("TARGET is a path inside a ckptfs mount (its store is found through the mount's "
-              "daemon) or a STORE: s3://bucket[/prefix], az://container[/prefix], "
-              "gs://bucket[/prefix], file:///path or a directory, "
-              "optionally followed by a path inside that filesystem. Works from any machine "
+              "daemon) or a STORE: " + STORE_FORMS + ". A URL may go on below the store "
+              "(s3://bucket/run7/step-1000, store/run7): the store is found by walking up to "
+              "the nearest ckptfs.json (at most 16 levels), and the rest is a path in its "
+              "filesystem. PATH, with a STORE, is below that, or from the store's root when "
+              "it starts with '/'; '..' is refused. Works from any machine "
               "that can reach the store; no mount needed. It sees what is in the store: a "
               "file still open, or closed but not yet published on its node, is not there.")
+#: the TARGET of gc, fsck and upgrade
+WHOLE_STORE_HELP = ("TARGET is a STORE (" + STORE_FORMS + ") or a path in a ckptfs mount "
+                    "(its whole store). A URL below a store (s3://bucket/run7/step-1000) is "
+                    "refused with the command that names the store.")
 
 
 def add_store_tools(sub: Any) -> None:
@@ -1153,8 +1190,10 @@ def add_store_tools(sub: Any) -> None:
         "the writer node), interrupted directory renames, and count the unreferenced chunks "
         "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
         "1 problems found, 2 the check could not be done (e.g. TARGET is not a ckptfs "
-        "store: no ckptfs.json and no files/ or chunks/). TARGET is a STORE "
-        "(s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs mount.")
+        "store: no ckptfs.json and no files/ or chunks/). " + WHOLE_STORE_HELP,
+        epilog="examples: ckptfs fsck s3://bucket/run7 | ckptfs fsck az://container/run7 "
+        "--deep | ckptfs fsck gs://bucket/run7 | ckptfs fsck file:///data/ckpt | ckptfs "
+        "fsck /mnt/ckpt")
     fk.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     fk.add_argument("--json", action="store_true", help="machine-readable output")
     common(fk, "fetch and re-hash every stored chunk, referenced or not (reads the whole "
@@ -1171,11 +1210,12 @@ def add_store_tools(sub: Any) -> None:
         "this machine's. So space comes back over two runs, e.g. daily with the default "
         "grace. Prints what it did (--json: the same as JSON); progress goes to stderr. "
         "Exit status: 0 done, 1 done but a referenced chunk was found missing, 2 the run "
-        "could not be done (it can be run again: every step is safe to repeat). TARGET is a "
-        "STORE (s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs "
-        "mount (its whole store is collected).",
-        epilog="examples: ckptfs gc s3://bucket/run7 --dry-run | ckptfs gc /mnt/ckpt "
-        "--grace 7d | ckptfs gc ./store --grace 0 --no-writers (twice: set aside, then free)")
+        "could not be done (it can be run again: every step is safe to repeat). "
+        + WHOLE_STORE_HELP,
+        epilog="examples: ckptfs gc s3://bucket/run7 --dry-run | ckptfs gc "
+        "az://container/run7 | ckptfs gc gs://bucket/run7 --grace 7d | ckptfs gc "
+        "file:///data/ckpt | ckptfs gc /mnt/ckpt --grace 7d | ckptfs gc ./store --grace 0 "
+        "--no-writers (twice: set aside, then free)")
     g.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     g.add_argument("--grace", default="24h", metavar="DURATION",
                    help="how old an unreferenced chunk must be to be set aside, and a fossil "
