@@ -135,6 +135,10 @@ def locate(url: str, endpoint_url: str | None = None, region: str | None = None)
         found = _enclosing_directory(url, Path(os.path.abspath(directory)))
         if found is not None:
             return found
+        if not os.path.isdir(directory):
+            raise ConfigError(f"store directory does not exist: {directory}, and no "
+                              f"directory up to {MAX_LEVELS} levels above it is a ckptfs "
+                              f"store")
         return Located(open_store(url), url, "", False)
     store = open_store(url, endpoint_url=endpoint_url, region=region)
     check = getattr(store, "check", None)
