@@ -803,7 +803,8 @@ def add_du_parser(sub: Any) -> None:
         "lists chunks/ and fossils/; changes nothing. Exit 0, or 2 with one line when it "
         "cannot be done (a bad URL, not a ckptfs store, no directory PATH). " + STORE_HELP,
         epilog="examples: ckptfs du /mnt/ckpt/run7 | ckptfs du s3://bucket/run7 --json | "
-        "ckptfs du ./store run7")
+        "ckptfs du ./store run7 | ckptfs du gs://bucket/ckpt/run7 (the path run7 of the "
+        "store gs://bucket/ckpt)")
     d.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
     d.add_argument("path", metavar="PATH", nargs="?", default="",
                    help="with STORE: the directory holding the checkpoints (default: root)")
@@ -967,7 +968,8 @@ def add_prune_parser(sub: Any) -> None:
         + STORE_HELP,
         epilog="examples: ckptfs prune /mnt/ckpt/run7 --keep-last 3 --pattern "
         "'checkpoint-*' --dry-run | ckptfs prune s3://bucket/run7 ckpt --keep-last 5 "
-        "--keep-every 10000")
+        "--keep-every 10000 | ckptfs prune az://container/run7/ckpt --keep-last 3 (the same "
+        "DIR given in the URL)")
     pr.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
     pr.add_argument("dir", metavar="DIR", nargs="?", default="",
                     help="with STORE: the directory holding the checkpoints (default: root)")
