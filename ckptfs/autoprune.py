@@ -65,14 +65,20 @@ def checkpoint_of(path: str, is_dir: bool, pattern: str) -> str | None:
     return None
 
 
-def prune_target(op: Op, pattern: str) -> str | None:
-    """The directory to prune once `op` is in the store (the parent of the checkpoint
-    directory it wrote into or renamed to), or None if it wrote into none."""
+def written_checkpoint(op: Op, pattern: str) -> str | None:
+    """The checkpoint directory `op` wrote into or renamed to, or None if it wrote into
+    none."""
     is_dir = TRIGGERS.get(op.kind)
     path = op.path2 if op.kind.startswith("rename_") else op.path
     if is_dir is None or path is None:
         return None
-    checkpoint = checkpoint_of(path, is_dir, pattern)
+    return checkpoint_of(path, is_dir, pattern)
+
+
+def prune_target(op: Op, pattern: str) -> str | None:
+    """The directory to prune once `op` is in the store (the parent of the checkpoint
+    directory it wrote into or renamed to), or None if it wrote into none."""
+    checkpoint = written_checkpoint(op, pattern)
     return None if checkpoint is None else checkpoint.rpartition("/")[0]
 
 
@@ -94,6 +100,9 @@ class _Request:
     since: float                # trio time of its last trigger
     rechecks: int = 0           # re-runs so far (incomplete newest checkpoint, store error)
     due_since: float | None = None  # when it first fell due (bounds the wait to settle)
+    #: asked by a write into another checkpoint than the one before: that one's save has
+    #: ended, so the prune is due at once, without the quiet delay or the wait to settle
+    moved_on: bool = False
 
 
 class AutoPruner:
@@ -104,7 +113,10 @@ class AutoPruner:
     path, or destination, lies in or is a directory whose name matches the pattern; the
     nearest such one) asks for a prune of that directory's parent. Requests are
     coalesced per parent: it runs QUIET seconds after the last one, once this mount's
-    uploads have drained (at most SETTLE_MAX later), one prune at a time in a thread.
+    uploads have drained (at most SETTLE_MAX later), one prune at a time in a thread. A
+    write into another checkpoint directory than the last one written there (the next
+    save began) makes the prune due at once, without either wait: saves that come back
+    to back, never quiet for QUIET seconds and never drained, are pruned after each one.
     retention.prune keeps the newest complete checkpoint and everything newer, so a
     checkpoint still being written is never removed; while the newest one is incomplete
     (another node still uploading its part), the prune runs again later (RECHECK_*).
@@ -129,6 +141,7 @@ class AutoPruner:
         self.limiter = trio.CapacityLimiter(1)
         self.limiter.name = "autoprune"  # type: ignore[attr-defined]
         self._requests: dict[str, _Request] = {}
+        self._writing: dict[str, str] = {}  # directory -> the checkpoint last written in it
         self._wake = trio.Event()
         self.runs = 0
         self.removed = 0
@@ -142,11 +155,20 @@ class AutoPruner:
     def notify(self, op: Op) -> None:
         """An op is in the store (Publisher.on_applied): ask for a prune if it wrote into
         a checkpoint directory."""
-        parent = prune_target(op, self.policy.pattern)
-        if parent is None:
+        checkpoint = written_checkpoint(op, self.policy.pattern)
+        if checkpoint is None:
             return
+        parent = checkpoint.rpartition("/")[0]
         now = trio.current_time()
-        self._requests[parent] = _Request(at=now + self.quiet, since=now)
+        before = self._writing.get(parent)
+        self._writing[parent] = checkpoint
+        waiting = self._requests.get(parent)
+        if (before is not None and before != checkpoint) or (waiting is not None
+                                                             and waiting.moved_on):
+            at = now if waiting is None else min(waiting.at, now)
+            self._requests[parent] = _Request(at=at, since=now, moved_on=True)
+        else:
+            self._requests[parent] = _Request(at=now + self.quiet, since=now)
         self._wake.set()
 
     @property
@@ -168,7 +190,8 @@ class AutoPruner:
                 req = self._requests[parent]
                 if req.due_since is None:
                     req.due_since = now
-                if self.host.flushed() or now - req.due_since >= self.settle_max:
+                if (req.moved_on or self.host.flushed()
+                        or now - req.due_since >= self.settle_max):
                     return parent, self._requests.pop(parent)
                 req.at = now + self.quiet  # uploads still draining: look again then
             self._wake = trio.Event()

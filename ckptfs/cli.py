@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import shlex
 import stat
 import subprocess
@@ -16,8 +17,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, mounts
-from .config import MountConfig, format_duration, parse_duration, parse_size, trash_seconds
-from .errors import CkptfsError, CliError, JournalError
+from .config import (
+    MountConfig,
+    check_glob,
+    format_duration,
+    parse_duration,
+    parse_size,
+    trash_seconds,
+)
+from .errors import CkptfsError, CliError, ConfigError, JournalError, NoEntry, UsageError
 
 if TYPE_CHECKING:
     from .gc import GcReport, Tally
@@ -76,6 +84,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
         foreground=a.foreground, debug=a.debug, node_id=a.node_id or "",
         storage_class=a.storage_class, keep_last=a.keep_last, keep_every=a.keep_every,
         keep_pattern=a.keep_pattern, trash_hours=a.trash_hours)
+    check_mount_store(cfg)
     if cfg.keep_last is not None:
         from . import retention
 
@@ -126,6 +135,24 @@ def cmd_mount(a: argparse.Namespace) -> int:
         os.waitpid(pid, 0)
         raise CliError(line or "the ckptfs daemon exited before the mount was ready")
     return 0
+
+
+def check_mount_store(cfg: MountConfig) -> None:
+    """Before the daemon starts: UsageError (exit 2) for a malformed endpoint; CliError for
+    a directory store that does not exist but lies inside a store, with the mount that
+    works."""
+    from .locate import missing_directory_hint
+    from .store import check_endpoint
+
+    if cfg.endpoint_url and "://" in cfg.store and not cfg.store.lower().startswith(
+            "file://"):
+        try:
+            check_endpoint(cfg.endpoint_url, cfg.store)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+    hint = missing_directory_hint(cfg.store, cfg.mountpoint)
+    if hint is not None:
+        raise CliError(f"store directory does not exist: {cfg.store}; {hint}")
 
 
 def _detach_stdio(log_path: str) -> None:
@@ -233,8 +260,15 @@ def state_line(st: dict[str, Any]) -> str:
     return "not durable: " + ", ".join(why or ["uploading"])
 
 
+def mount_of(path: str) -> str:
+    """The mount point of the ckptfs mount `path` lies in (status and sync take any path
+    inside a mount, as the store tools do), else `path` itself."""
+    mounted = mounted_path(path)
+    return mounted[0] if mounted is not None else path
+
+
 def cmd_status(a: argparse.Namespace) -> int:
-    st = next(request(a.mountpoint, "status"))
+    st = next(request(mount_of(a.mountpoint), "status"))
     print(json.dumps(st, indent=1) if a.json else format_status(st))
     return 0
 
@@ -332,7 +366,7 @@ def sync(mountpoint: str, timeout: float | None, sock: str | None = None) -> dic
 
 
 def cmd_sync(a: argparse.Namespace) -> int:
-    sync(a.mountpoint, a.timeout)
+    sync(mount_of(a.mountpoint), a.timeout)
     print(f"durable: everything closed under {a.mountpoint} is in the store")
     return 0
 
@@ -342,6 +376,10 @@ def cmd_umount(a: argparse.Namespace) -> int:
     dead = mounts.dead_mount(mountpoint)
     if dead is not None:
         return umount_dead(dead)
+    inside = mount_of(mountpoint)
+    if inside != os.path.realpath(mountpoint) and inside != mountpoint:
+        raise CliError(f"{a.mountpoint} is a path inside the ckptfs mount {inside}: ckptfs "
+                       f"umount {shlex.quote(inside)}")
     sock = control_socket(mountpoint)
     st = next(request(mountpoint, "status", sock))
     pid, cache_dir = st["pid"], st["cache_dir"]
@@ -479,6 +517,7 @@ class Target:
     store: Store
     path: str
     mountpoint: str | None = None  # set when the user named a path inside a mount
+    store_arg: str = ""  # the store as the user named it, cut at its root (hints)
 
     def show(self, path: str) -> str:
         """`path` (relative to the filesystem root) as the user would name it."""
@@ -486,17 +525,60 @@ class Target:
             return os.path.join(self.mountpoint, path) if path else self.mountpoint
         return path or "."
 
+    def names(self, path: str) -> str:
+        """The TARGET [PATH] words of a command that names `path` (as show() prints it):
+        the mounted path, or the store and the path."""
+        if self.mountpoint is not None:
+            return shlex.quote(path)
+        return f"{shlex.quote(self.store_arg)} {shlex.quote(path)}"
 
-def open_target(a: argparse.Namespace, path_arg: str | None = None) -> Target:
-    """Open the store of `a.target`: a path inside a ckptfs mount, or STORE [PATH]."""
+
+def store_path(arg: str, base: str = "") -> str:
+    """The path in the filesystem that PATH `arg` names below `base` (from the store's
+    root when it starts with '/'); '.' and empty segments are dropped. UsageError for a
+    '..' segment: a path in a store never leaves it."""
+    if ".." in arg.split("/"):
+        raise UsageError(f"'..' in a path in the store: {arg}; give the path from the "
+                         f"store's root (/run7/step-9) or below the TARGET (step-9)")
+    if "\0" in arg:
+        raise UsageError(f"a NUL character in the path {arg!r}")
+    parts = [] if arg.startswith("/") else base.split("/")
+    return "/".join(p for p in [*parts, *arg.split("/")] if p not in ("", "."))
+
+
+def retyped(a: argparse.Namespace, words: list[str]) -> str:
+    """The command the user ran, with its TARGET (and PATH, if given) replaced by
+    `words`: a hint that works."""
+    argv: list[str] = list(getattr(a, "argv", []))
+    given = [a.target, *([p] if (p := target_path_arg(a)) else [])]
+    for i in range(len(argv) - len(given) + 1):
+        if argv[i:i + len(given)] == given:
+            argv[i:i + len(given)] = words
+            break
+    return "ckptfs " + shlex.join(argv)
+
+
+def target_path_arg(a: argparse.Namespace) -> str:
+    """The PATH (or DIR) argument given after TARGET, or ''."""
+    return str(getattr(a, "path", "") or getattr(a, "dir", "") or "")
+
+
+def open_target(a: argparse.Namespace, path_arg: str | None = None,
+                whole_store: bool = False) -> Target:
+    """Open the store of `a.target`: a path inside a ckptfs mount, or a store URL, or a
+    URL below a store (its path there, as git finds .git: locate.py), and PATH after it.
+    With `whole_store` (gc, fsck, upgrade), a URL below a store is refused with the
+    command that works."""
+    from . import inspection, locate
+    from .manifests import INFO_KEY
     from .store import open_store
 
     mounted = mounted_path(a.target)
-    endpoint = a.endpoint_url or default_endpoint(a.target)
+    region = getattr(a, "region", None)
     if mounted is not None:
         if path_arg:
-            raise CliError(f"{a.target} is a path in a ckptfs mount; give either a mounted "
-                           f"path or STORE and a path in it, not both")
+            raise UsageError(f"{a.target} is a path in a ckptfs mount; give either a "
+                             f"mounted path or STORE and a path in it, not both")
         mountpoint, path = mounted
         try:
             st = next(request(mountpoint, "status"))
@@ -506,19 +588,37 @@ def open_target(a: argparse.Namespace, path_arg: str | None = None) -> Target:
         if "://" not in store_arg and not os.path.isabs(os.path.expanduser(store_arg)):
             store_arg = str(st["store"])  # relative to the daemon's cwd: its file:// URL
         store = open_store(store_arg, endpoint_url=a.endpoint_url or st.get("endpoint_url")
-                           or default_endpoint(store_arg), region=getattr(a, "region", None))
+                           or default_endpoint(store_arg), region=region)
+        check = getattr(store, "check", None)
+        if check is not None:
+            check()
         # the mount point as the user spelled it, so printed paths match theirs
         shown = os.path.abspath(a.target)
         if path:
             shown = shown[:-len(path) - 1] if shown.endswith("/" + path) else mountpoint
-        target = Target(store, path, shown)
-    else:
-        store = open_store(a.target, endpoint_url=endpoint, region=getattr(a, "region", None))
-        target = Target(store, (path_arg or "").strip("/"))
-    check = getattr(store, "check", None)
-    if check is not None:
-        check()
-    return target
+        return Target(store, path, shown, shown)
+    endpoint = a.endpoint_url or default_endpoint(a.target)
+    found = locate.locate(a.target, endpoint_url=endpoint, region=region)
+    if found.layout is not None:
+        path = found.named_path
+        extra = store_path(path_arg or "", path) if path_arg else path
+        words = [found.url, *([extra] if extra and not whole_store else [])]
+        raise UsageError(found.layout_refusal(a.target, retyped(a, words), len(words) > 1))
+    if whole_store and found.rest:
+        hint = retyped(a, [found.url])
+        also = (f"; to check only that path: ckptfs verify {shlex.quote(found.url)} "
+                f"{shlex.quote(found.rest)}" if a.command == "fsck" else "")
+        raise UsageError(f"{a.command} works on a whole store, and {a.target} is the "
+                         f"path {found.rest} inside the ckptfs store {found.url}; for that "
+                         f"store: {hint}{also}")
+    if not found.found:
+        try:
+            inspection.check_is_store(found.store)
+        except NoEntry:
+            raise NoEntry(f"not a ckptfs store, nor a path inside one: no {INFO_KEY} at "
+                          f"{found.store.url} or up to {locate.MAX_LEVELS} levels above "
+                          f"it") from None
+    return Target(found.store, store_path(path_arg or "", found.rest), store_arg=found.url)
 
 
 def _chunk_list(items: list[str], limit: int = 3) -> str:
@@ -606,6 +706,7 @@ def cmd_ls(a: argparse.Namespace) -> int:
 def cmd_latest(a: argparse.Namespace) -> int:
     from . import inspection
 
+    check_glob(a.pattern, "--pattern")
     t = open_target(a, a.dir)
     inspection.read_info(t.store)
     found = inspection.latest(t.store, t.path, a.pattern, deep=a.deep, damaged=lambda p: print(
@@ -621,7 +722,7 @@ def cmd_latest(a: argparse.Namespace) -> int:
 def cmd_fsck(a: argparse.Namespace) -> int:
     from . import inspection
 
-    t = open_target(a)
+    t = open_target(a, whole_store=True)
     inspection.check_is_store(t.store)  # else one line and exit 2, like verify, ls, latest
     r = inspection.fsck(t.store, deep=a.deep)
     if a.json:
@@ -729,7 +830,8 @@ def add_du_parser(sub: Any) -> None:
         "lists chunks/ and fossils/; changes nothing. Exit 0, or 2 with one line when it "
         "cannot be done (a bad URL, not a ckptfs store, no directory PATH). " + STORE_HELP,
         epilog="examples: ckptfs du /mnt/ckpt/run7 | ckptfs du s3://bucket/run7 --json | "
-        "ckptfs du ./store run7")
+        "ckptfs du ./store run7 | ckptfs du gs://bucket/ckpt/run7 (the path run7 of the "
+        "store gs://bucket/ckpt)")
     d.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
     d.add_argument("path", metavar="PATH", nargs="?", default="",
                    help="with STORE: the directory holding the checkpoints (default: root)")
@@ -814,7 +916,7 @@ def cmd_gc(a: argparse.Namespace) -> int:
 
     grace = parse_duration(a.grace, "--grace")
     gc.check_grace(grace, a.no_writers)
-    t = open_target(a)
+    t = open_target(a, whole_store=True)
     progress = GcProgress()
     try:
         r = gc.collect(t.store, grace, dry_run=a.dry_run, progress=progress.show)
@@ -858,9 +960,10 @@ def cmd_prune(a: argparse.Namespace) -> int:
         retention.check_policy(a.keep_last, a.keep_every)
     except retention.PolicyError as e:
         raise CliError(str(e)) from None
+    check_glob(a.pattern, "--pattern")
+    keep = trash_seconds(a.trash_hours)
     t = open_target(a, a.dir)
     inspection.read_info(t.store)
-    keep = trash_seconds(a.trash_hours)
     r = retention.prune(t.store, t.path, a.keep_last, a.keep_every, a.pattern,
                         dry_run=a.dry_run, deep=a.deep, trash_keep=keep)
     if a.json:
@@ -892,7 +995,8 @@ def add_prune_parser(sub: Any) -> None:
         + STORE_HELP,
         epilog="examples: ckptfs prune /mnt/ckpt/run7 --keep-last 3 --pattern "
         "'checkpoint-*' --dry-run | ckptfs prune s3://bucket/run7 ckpt --keep-last 5 "
-        "--keep-every 10000")
+        "--keep-every 10000 | ckptfs prune az://container/run7/ckpt --keep-last 3 (the same "
+        "DIR given in the URL)")
     pr.add_argument("target", metavar="TARGET", help="mounted directory, or STORE")
     pr.add_argument("dir", metavar="DIR", nargs="?", default="",
                     help="with STORE: the directory holding the checkpoints (default: root)")
@@ -922,13 +1026,18 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ckptfs", description="A FUSE checkpoint store: writes land in a local cache at "
         "disk speed and go to object storage (S3, Azure Blob, GCS or a directory) in the "
-        "background.")
+        "background.",
+        epilog="A STORE is " + STORE_FORMS + ". The store tools also take a URL below a "
+        "store (s3://bucket/run7/step-1000: the path step-1000 of the store s3://bucket/run7, "
+        "found by walking up to its ckptfs.json) and a path inside a mount. "
+        "docs/OPERATIONS.md has every command.")
     p.add_argument("--version", action="version", version=f"ckptfs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("mount", help="mount a store on a directory",
-                       description="Mount STORE (s3://bucket[/prefix], az://container[/prefix], "
-                       "gs://bucket[/prefix], file:///path or a directory) on MOUNTPOINT. "
+                       description="Mount STORE (" + STORE_FORMS + ") on MOUNTPOINT: a "
+                       "whole store (a URL below a store is refused with the mount that "
+                       "works), created when it does not exist. "
                        "Returns when the mount is ready; the daemon logs to "
                        "CACHE_DIR/ckptfs.log. Credentials come from each cloud's own chain: "
                        "AWS (environment, ~/.aws); Azure (AZURE_STORAGE_CONNECTION_STRING, or "
@@ -1007,12 +1116,15 @@ def parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_umount)
 
     s = sub.add_parser("status", help="upload state of a mount")
-    s.add_argument("mountpoint")
+    s.add_argument("mountpoint", metavar="MOUNTPOINT",
+                   help="the mount point, or any path inside the mount")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
 
     y = sub.add_parser("sync", help="wait until everything closed so far is in the store")
-    y.add_argument("mountpoint")
+    y.add_argument("mountpoint", metavar="MOUNTPOINT",
+                   help="the mount point, or any path inside the mount (the whole mount is "
+                   "synced)")
     y.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
     y.set_defaults(func=cmd_sync)
     add_store_tools(sub)
@@ -1025,12 +1137,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: every kind of store, as a URL names it
+STORE_FORMS = ("s3://bucket[/prefix], az://container[/prefix], gs://bucket[/prefix], "
+               "file:///path or a directory")
 STORE_HELP = ("TARGET is a path inside a ckptfs mount (its store is found through the mount's "
-              "daemon) or a STORE: s3://bucket[/prefix], az://container[/prefix], "
-              "gs://bucket[/prefix], file:///path or a directory, "
-              "optionally followed by a path inside that filesystem. Works from any machine "
+              "daemon) or a STORE: " + STORE_FORMS + ". A URL may go on below the store "
+              "(s3://bucket/run7/step-1000, store/run7): the store is found by walking up to "
+              "the nearest ckptfs.json (at most 16 levels), and the rest is a path in its "
+              "filesystem. PATH, with a STORE, is below that, or from the store's root when "
+              "it starts with '/'; '..' is refused. Works from any machine "
               "that can reach the store; no mount needed. It sees what is in the store: a "
               "file still open, or closed but not yet published on its node, is not there.")
+#: the TARGET of gc, fsck and upgrade
+WHOLE_STORE_HELP = ("TARGET is a STORE (" + STORE_FORMS + ") or a path in a ckptfs mount "
+                    "(its whole store). A URL below a store (s3://bucket/run7/step-1000) is "
+                    "refused with the command that names the store.")
 
 
 def add_store_tools(sub: Any) -> None:
@@ -1100,8 +1221,10 @@ def add_store_tools(sub: Any) -> None:
         "directory renames, and count the unreferenced chunks "
         "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
         "1 problems found, 2 the check could not be done (e.g. TARGET is not a ckptfs "
-        "store: no ckptfs.json and no files/ or chunks/). TARGET is a STORE "
-        "(s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs mount.")
+        "store: no ckptfs.json and no files/ or chunks/). " + WHOLE_STORE_HELP,
+        epilog="examples: ckptfs fsck s3://bucket/run7 | ckptfs fsck az://container/run7 "
+        "--deep | ckptfs fsck gs://bucket/run7 | ckptfs fsck file:///data/ckpt | ckptfs "
+        "fsck /mnt/ckpt")
     fk.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     fk.add_argument("--json", action="store_true", help="machine-readable output")
     common(fk, "fetch and re-hash every stored chunk, referenced or not (reads the whole "
@@ -1118,11 +1241,12 @@ def add_store_tools(sub: Any) -> None:
         "this machine's. So space comes back over two runs, e.g. daily with the default "
         "grace. Prints what it did (--json: the same as JSON); progress goes to stderr. "
         "Exit status: 0 done, 1 done but a referenced chunk was found missing, 2 the run "
-        "could not be done (it can be run again: every step is safe to repeat). TARGET is a "
-        "STORE (s3://bucket[/prefix], file:///path or a directory) or a path in a ckptfs "
-        "mount (its whole store is collected).",
-        epilog="examples: ckptfs gc s3://bucket/run7 --dry-run | ckptfs gc /mnt/ckpt "
-        "--grace 7d | ckptfs gc ./store --grace 0 --no-writers (twice: set aside, then free)")
+        "could not be done (it can be run again: every step is safe to repeat). "
+        + WHOLE_STORE_HELP,
+        epilog="examples: ckptfs gc s3://bucket/run7 --dry-run | ckptfs gc "
+        "az://container/run7 | ckptfs gc gs://bucket/run7 --grace 7d | ckptfs gc "
+        "file:///data/ckpt | ckptfs gc /mnt/ckpt --grace 7d | ckptfs gc ./store --grace 0 "
+        "--no-writers (twice: set aside, then free)")
     g.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     g.add_argument("--grace", default="24h", metavar="DURATION",
                    help="how old an unreferenced chunk must be to be set aside, and a fossil "
@@ -1153,11 +1277,51 @@ def negative_values_joined(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(negative_values_joined(
-        sys.argv[1:] if argv is None else argv))
+#: the exit status of a command whose output pipe was closed (`ckptfs ls STORE | head`):
+#: what a shell reports for coreutils, which SIGPIPE kills (128 + 13)
+EXIT_PIPE = 141
+
+
+def output_closed(e: OSError) -> bool:
+    """`e` is the EPIPE of writing to a stdout whose reader went away (poll reports an
+    error on a pipe's write end once its read end is closed), not one from a socket."""
+    if not isinstance(e, BrokenPipeError):
+        return False
     try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError):
+        return True  # no stdout to poll (closed): its write failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return run(sys.argv[1:] if argv is None else argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not at exit as a traceback
+    except BrokenPipeError as e:
+        if not output_closed(e):
+            raise
+        # quietly, as coreutils: nothing more can be written, and the flush at exit must
+        # not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
+
+
+def run(argv: list[str]) -> int:
+    """Parse `argv` and run its command: its exit status, or one line on stderr and the
+    command's error status."""
+    args = parser().parse_args(negative_values_joined(argv))
+    try:
+        args.argv = argv
         return int(args.func(args))
+    except UsageError as e:
+        print(f"ckptfs: {e}", file=sys.stderr)
+        return EXIT_ERROR
     except (CliError, CkptfsError) as e:
         print(f"ckptfs: {e}", file=sys.stderr)
         return int(getattr(args, "error_exit", 1))

@@ -18,6 +18,7 @@ from .cli import (
     human,
     mounted_path,
     open_target,
+    store_path,
 )
 from .cli import _utc as utc
 from .errors import CliError
@@ -32,33 +33,22 @@ def _expires(e: Entry) -> str:
     return "when emptied" if math.isinf(e.keep) else utc(e.expires)[:16] + " UTC"
 
 
-def fs_path(arg: str, what: str) -> str:
-    """A path in the filesystem as the trash commands take it: from its root, a leading
-    '/' or not (as du and prune take theirs); CliError (exit 2) for a '..' segment."""
-    if ".." in arg.split("/"):
-        raise CliError(f"'..' in {what} {arg}: give the path from the filesystem's root "
-                       f"(run7/step-9 or /run7/step-9), or a path inside the mount")
-    return "/".join(p for p in arg.split("/") if p not in ("", "."))
-
-
 def _target(a: argparse.Namespace) -> Target:
-    """The store and PATH of a trash command (PATH checked as fs_path does)."""
-    if ".." in str(a.path).split("/"):
-        fs_path(a.path, "PATH")
+    """The store and PATH of a trash command (PATH as store_path takes it)."""
     t = open_target(a, a.path)
-    t.path = fs_path(t.path, "PATH")
     inspection.read_info(t.store)
     return t
 
 
 def restore_command(a: argparse.Namespace, t: Target, e: Entry) -> str:
     """The command that restores the entry `e` that `trash ls` printed: the path as shown
-    when it is in a mount, else the store as given, the path and its endpoint."""
+    when it is in a mount, else the store (cut at its root), the path and its endpoint."""
     if t.mountpoint is not None:
         return f"ckptfs trash restore {shlex.quote(t.show(e.path))}"
     extra = [w for opt in ("endpoint_url", "region") if (v := getattr(a, opt, None))
              for w in (f"--{opt.replace('_', '-')}", v)]
-    return shlex.join(["ckptfs", "trash", "restore", a.target, e.path, *extra])
+    return shlex.join(["ckptfs", "trash", "restore", t.store_arg or a.target, e.path,
+                       *extra])
 
 
 def cmd_ls(a: argparse.Namespace) -> int:
@@ -97,14 +87,14 @@ def _destination(a: argparse.Namespace, t: Target) -> str | None:
     to: str | None = a.to
     if to is None:
         return None
-    fs_path(to, "--to")
+    store_path(to)  # a '..' is refused before the path is looked at
     mounted = mounted_path(to)
     if t.mountpoint is not None and mounted is not None:
         if os.path.realpath(t.mountpoint) != os.path.realpath(mounted[0]):
             raise CliError(f"--to {to} is in another mount ({mounted[0]}): a restore "
                            f"stays in the filesystem of {t.store.url}")
         return mounted[1]
-    return fs_path(to, "--to")  # from the root of the filesystem: with a '/' or not
+    return store_path(to)  # from the root of the filesystem: with a '/' or not
 
 
 def cmd_restore(a: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from . import inspection, manifests
-from .cli import EXIT_ERROR, STORE_HELP, TOOL_ENDPOINT_HELP, human, open_target
+from .cli import EXIT_ERROR, TOOL_ENDPOINT_HELP, WHOLE_STORE_HELP, human, open_target
 from .manifests import StoreInfo
 
 
@@ -22,7 +22,7 @@ def describe(info: StoreInfo) -> str:
 
 
 def cmd_upgrade(a: argparse.Namespace) -> int:
-    t = open_target(a)
+    t = open_target(a, whole_store=True)
     info = inspection.read_info(t.store)
     new = info.upgraded(a.codec)
     if a.json:
@@ -51,7 +51,7 @@ def add_upgrade_parser(sub: Any) -> None:
         "this one, so older nodes can still mount it. This command rewrites the store's "
         "ckptfs.json only: mounts started after it cut new files at tensor boundaries "
         "and compress them with zstd4; stored chunks are not rewritten. Without --yes it "
-        "only says what it would change. " + STORE_HELP,
+        "only says what it would change. " + WHOLE_STORE_HELP,
         epilog="example: ckptfs upgrade s3://bucket/ckpt --yes")
     u.add_argument("target", metavar="TARGET", help="STORE, or a mounted path")
     u.add_argument("--yes", action="store_true", help="do it (default: only say what "

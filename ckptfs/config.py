@@ -26,16 +26,23 @@ def parse_size(text: str, option: str = "size") -> int:
 
 
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: the longest duration an option takes, in seconds: 100 years (36500d); a longer one is a
+#: typo, and its cutoff would lie before year 1
+MAX_DURATION = 36500 * 86400
 
 
 def parse_duration(text: str, option: str = "duration") -> float:
-    """'30s', '15m', '24h', '7d', '0', '90' (seconds) -> seconds; ConfigError if malformed
-    or negative."""
+    """'30s', '15m', '24h', '7d', '0', '90' (seconds) -> seconds; ConfigError if malformed,
+    negative or over MAX_DURATION."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text.lower())
     if not m:
         raise ConfigError(f"invalid value {text!r} for {option}: want a duration of 0 or "
                           f"more, e.g. 30s, 15m, 24h, 7d or 0")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if seconds > MAX_DURATION:
+        raise ConfigError(f"invalid value {text!r} for {option}: at most 36500d (100 "
+                          f"years)")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -51,7 +58,40 @@ def trash_seconds(hours: float) -> float:
     """--trash-hours in seconds; ConfigError unless it is 0 (no trash) or more."""
     if not 0 <= hours < float("inf"):
         raise ConfigError(f"--trash-hours must be 0 (no trash) or more hours, not {hours:g}")
+    if hours * 3600.0 > MAX_DURATION:
+        raise ConfigError(f"--trash-hours must be at most {MAX_DURATION // 3600} (100 "
+                          f"years), not {hours:g}")
     return hours * 3600.0
+
+
+def check_glob(pattern: str, option: str) -> str:
+    """`pattern` if it is a shell pattern of one directory name that can match: not
+    empty, no '/', every '[' closed by a ']' (fnmatch would take an unclosed one for a
+    plain character), no empty range such as [z-a]; else ConfigError."""
+    what = f"{option} {pattern!r}"
+    if not pattern or "/" in pattern:
+        raise ConfigError(f"{what} must be a pattern of one directory name (no '/'), e.g. "
+                          f"'checkpoint-*'")
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "[":
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "!":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1  # a ']' first in the set is one of its characters
+            end = pattern.find("]", j)
+            if end < 0:
+                raise ConfigError(f"{what} is not a valid pattern: the '[' at {i + 1} is "
+                                  f"never closed (a literal '[' is written [[])")
+            body = pattern[i + 1:end].lstrip("!")
+            for k in range(1, len(body) - 1):
+                if body[k] == "-" and body[k - 1] > body[k + 1]:
+                    raise ConfigError(f"{what} is not a valid pattern: the range "
+                                      f"{body[k - 1]}-{body[k + 1]} is empty")
+            i = end
+        i += 1
+    return pattern
 
 
 def default_cache_dir(store_url: str) -> str:
@@ -127,6 +167,4 @@ class MountConfig:
             raise ConfigError("--keep-last needs --keep-pattern GLOB on a mount, the names of "
                               "the checkpoint directories (e.g. 'checkpoint-*'): without it, "
                               "any directory written into would be pruned")
-        if not self.keep_pattern or "/" in self.keep_pattern:
-            raise ConfigError(f"--keep-pattern {self.keep_pattern!r} must be a pattern of "
-                              f"one directory name (no '/'), e.g. 'checkpoint-*'")
+        check_glob(self.keep_pattern, "--keep-pattern")

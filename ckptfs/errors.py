@@ -12,6 +12,11 @@ class CliError(Exception):
     cli.py, so that it is one class when cli.py also runs as __main__)."""
 
 
+class UsageError(CliError):
+    """Bad input on the command line, refused before anything starts: exit status 2 from
+    every command (mount included)."""
+
+
 class ConfigError(CkptfsError):
     """Bad user input: an option value, a store URL, a mount point."""
 

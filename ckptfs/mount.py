@@ -36,11 +36,12 @@ from .chunking import DEFAULT_CHUNK_SIZE, check_chunk_size
 from .config import MountConfig, default_cache_dir, trash_seconds
 from .control import ControlServer
 from .crashpoints import crash_point
-from .errors import ConfigError, NotFoundError, StoreError
+from .errors import ConfigError, NotFoundError
 from .fetcher import Fetcher
 from .filesystem import CheckpointFS, Options
 from .fuseops import FuseOps
 from .journal import Journal
+from .locate import mount_refusal
 from .manifests import StoreInfo
 from .publisher import Publisher
 from .recovery import JournalCheck
@@ -87,46 +88,6 @@ def create_store(store: Store, chunk_size: int,
     store.put(manifests.INFO_KEY, info.to_json())
     store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
     return info
-
-
-def enclosing_store(store: Store) -> tuple[Store, int] | None:
-    """The nearest store that contains `store` (an ancestor directory or key prefix with a
-    ckptfs.json) and how many levels up it is; ancestors that cannot be read are skipped."""
-    outer, levels = store.parent(), 1
-    while outer is not None:
-        try:
-            if outer.head(manifests.INFO_KEY) is not None:
-                return outer, levels
-        except StoreError as e:
-            log.debug("cannot look for a store at %s: %s", outer.url, e)
-        outer, levels = outer.parent(), levels + 1
-    return None
-
-
-def levels_up(arg: str, levels: int) -> tuple[str, str]:
-    """A store argument as the user typed it, `levels` directories or key prefixes up, and
-    the path from there down to it: ('s3://b/run1', 'step-3') for ('s3://b/run1/step-3', 1)."""
-    scheme, sep, rest = arg.partition("://")
-    if sep:
-        rest = rest.rstrip("/")
-    else:
-        rest = os.path.normpath(os.path.expanduser(arg))
-        if len(rest.split("/")) <= levels or ".." in rest.split("/")[-levels:]:
-            rest = os.path.abspath(rest)
-    parts = rest.split("/")
-    up = "/".join(parts[:-levels]) or ("/" if rest.startswith("/") else ".")
-    return f"{scheme}{sep}{up}" if sep else up, "/".join(parts[-levels:])
-
-
-def refuse_store_inside_a_store(store: Store, cfg: MountConfig) -> None:
-    """ConfigError if a new store at `store` would lie inside an existing one (a typo such
-    as s3://bucket/run1/step-3 for the path step-3 of the store s3://bucket/run1)."""
-    found = enclosing_store(store)
-    if found is None:
-        return
-    up, path = levels_up(cfg.store, found[1])
-    raise ConfigError(f"{up} is a ckptfs store; mount it and use the path {path} inside it: "
-                      f"ckptfs mount {shlex.quote(up)} {shlex.quote(cfg.mountpoint)}")
 
 
 def control_socket_path(cache_dir: str) -> str:
@@ -193,7 +154,7 @@ def prepare(cfg: MountConfig) -> Prepared:
     notices: list[Notice] = []
     info = read_store_info(store)
     if info is None:  # a new store: created last, once nothing else can refuse the mount
-        refuse_store_inside_a_store(store, cfg)
+        mount_refusal(store, cfg.store, cfg.mountpoint)  # a store inside a store
         chunk_size = cfg.chunk_size or DEFAULT_CHUNK_SIZE
     else:
         chunk_size = info.chunk_size

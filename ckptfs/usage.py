@@ -157,7 +157,9 @@ def du(store: Store, path: str = "") -> UsageReport:
         raise NoEntry(f"no such directory in the store: {path}")
     report = UsageReport(store.url, path, total=DirUsage(path))
     sizes = stored_sizes(store, report)
-    names = sorted(p[len(prefix):].rstrip("/") for p in listing.prefixes)
+    # in step order, as prune and latest order them: checkpoint-2 before checkpoint-10
+    names = sorted((p[len(prefix):].rstrip("/") for p in listing.prefixes),
+                   key=lambda n: (inspection.checkpoint_order_key(n), n))
     report.dirs = [DirUsage(manifests.join(path, n)) for n in names]
     states: dict[bytes, int] = {}
     raw: dict[bytes, int] = {}  # chunk name -> its length before compression

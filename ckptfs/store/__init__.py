@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from .base import AsyncStore, Listing, ObjectInfo, Store
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
     from .s3 import S3Store
 
 __all__ = ["AsyncStore", "AzureStore", "GcsStore", "Listing", "LocalStore", "ObjectInfo",
-           "S3Store", "Store", "default_endpoint", "open_store"]
+           "S3Store", "Store", "check_endpoint", "default_endpoint", "directory_of",
+           "open_store"]
 
 #: the environment variable that names the endpoint of each cloud's stores, as its own
 #: tools read it (Azure's is in its connection string)
@@ -45,6 +47,25 @@ def default_endpoint(url: str) -> str | None:
     return (os.environ.get(var) or None) if var else None
 
 
+def check_endpoint(endpoint: str, url: str) -> str:
+    """`endpoint` if it is an http(s) URL with a host (and a valid port); else a one-line
+    ConfigError naming where it came from (--endpoint-url or the environment)."""
+    scheme = url.partition("://")[0].lower()
+    var = ENDPOINT_VARS.get(scheme)
+    origin = f"${var}" if var and os.environ.get(var) == endpoint else "--endpoint-url"
+    try:
+        parts = urlsplit(endpoint)
+        ok = (parts.scheme in ("http", "https") and bool(parts.hostname)
+              and not any(c.isspace() for c in endpoint))
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"invalid endpoint {endpoint!r} ({origin}): want http://HOST[:PORT] "
+                          f"or https://HOST[:PORT], e.g. http://127.0.0.1:8333")
+    return endpoint
+
+
 def open_store(
     url: str,
     endpoint_url: str | None = None,
@@ -61,12 +82,17 @@ def open_store(
     scheme, sep, rest = url.partition("://")
     if storage_class and scheme.lower() != "s3":
         raise ConfigError(f"--storage-class applies to s3:// stores only, not {url}")
-    if not sep:
-        return _open_directory(os.path.expanduser(url))
-    if scheme.lower() == "file":
-        if not rest.startswith("/"):
-            raise ConfigError(f"file store URL needs an absolute path (file:///...): {url}")
-        return _open_directory(rest)
+    directory = directory_of(url)
+    if directory is not None:
+        if not os.path.isdir(directory):
+            raise ConfigError(f"store directory does not exist: {directory}")
+        return LocalStore(directory)
+    if scheme.lower() in ("s3", "az", "gs"):
+        if any(seg in (".", "..") for seg in rest.split("/")):
+            raise ConfigError(f"store URL with a '.' or '..' in its path: {url}")
+        endpoint = endpoint_url or default_endpoint(url)
+        if endpoint:
+            check_endpoint(endpoint, url)
     if scheme.lower() == "s3":
         bucket, _, prefix = rest.partition("/")
         if not bucket:
@@ -91,9 +117,16 @@ def open_store(
                       f"{url}")
 
 
-def _open_directory(path: str) -> LocalStore:
-    if not path:
-        raise ConfigError("empty store path")
-    if not os.path.isdir(path):
-        raise ConfigError(f"store directory does not exist: {path}")
-    return LocalStore(path)
+def directory_of(url: str) -> str | None:
+    """The directory a directory store URL (file:///abs/path, or a path) names, whether
+    or not it exists; None for the other stores; ConfigError if malformed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        if not url:
+            raise ConfigError("empty store path")
+        return os.path.expanduser(url)
+    if scheme.lower() != "file":
+        return None
+    if not rest.startswith("/"):
+        raise ConfigError(f"file store URL needs an absolute path (file:///...): {url}")
+    return rest

@@ -148,20 +148,20 @@ def test_a_checkpoint_saved_file_by_file_is_pruned_once_after_a_quiet_delay(
 
 def test_requests_are_coalesced_per_directory(tmp_path: Path) -> None:
     async def body(ap: AutoPruner, host: FakeHost, prune: FakePrune) -> None:
-        for i in range(10):
-            ap.notify(put(f"a/checkpoint-{i}/w.pt"))
-            ap.notify(put(f"b/c/checkpoint-{i}/w.pt"))
-            ap.notify(put(f"checkpoint-{i}/w.pt"))  # at the root
+        for i in range(10):  # the files of one checkpoint in each directory
+            ap.notify(put(f"a/checkpoint-1/w{i}.pt"))
+            ap.notify(put(f"b/c/checkpoint-1/w{i}.pt"))
+            ap.notify(put(f"checkpoint-1/w{i}.pt"))  # at the root
             await trio.sleep(0.1)
         await soon(lambda: ap.runs == 3)
         assert sorted(prune.dirs()) == ["", "a", "b/c"]
 
         # a request while its directory's prune runs: one more prune after it
         prune.hold = threading.Event()
-        ap.notify(put("a/checkpoint-20/w.pt"))
+        ap.notify(put("a/checkpoint-1/x.pt"))
         await soon(lambda: len(prune.calls) == 4)
         for _ in range(5):
-            ap.notify(put("a/checkpoint-21/w.pt"))
+            ap.notify(put("a/checkpoint-1/y.pt"))
         prune.hold.set()
         prune.hold = None
         await soon(lambda: ap.runs == 5)
@@ -184,13 +184,90 @@ def test_a_due_prune_waits_for_this_mounts_uploads(tmp_path: Path) -> None:
         await soon(lambda: ap.runs == 1)
 
         host.settled = False  # never settles: runs after settle_max all the same
-        ap.notify(put("run/checkpoint-2/w.pt"))
+        ap.notify(put("run/checkpoint-1/w2.pt"))
         start = trio.current_time()
         await trio.sleep_until(start + ap.quiet + ap.settle_max - 0.1)
         assert ap.runs == 1
         await soon(lambda: ap.runs == 2)
 
     on_clock(tmp_path, body)
+
+
+class Shelf:
+    """The checkpoint directories run/checkpoint-N of a stand-in store, each complete
+    from a virtual time on (once its uploads have landed); its prune applies the policy
+    of retention.plan: the newest keep_last, the newest complete one and all newer."""
+
+    def __init__(self) -> None:
+        self.complete_at: dict[int, float] = {}  # step -> when it is complete
+        self.most = 0  # the most directories seen at once
+
+    def __len__(self) -> int:
+        return len(self.complete_at)
+
+    def prune(self, store: object, dir_path: str, keep_last: int, keep_every: int | None,
+              pattern: str, keep: Callable[[str], str | None], trash_keep: float = 0.0,
+              node: str = "") -> PruneResult:
+        now = trio.from_thread.run_sync(trio.current_time)
+        result = PruneResult(dir_path, pattern, keep_last, keep_every)
+        steps = sorted(self.complete_at, reverse=True)
+        newest = next((i for i, s in enumerate(steps) if self.complete_at[s] <= now), None)
+        for i, step in enumerate(steps):
+            cp = Checkpoint(f"{dir_path}/checkpoint-{step}", step=step,
+                            complete=self.complete_at[step] <= now)
+            if i < keep_last:
+                cp.kept_for(retention.NEWEST, "newest")
+            if newest is None or i <= newest:
+                cp.kept_for(retention.LATEST, "the newest complete one, or newer")
+            if not cp.keep and (why := keep(cp.path)):
+                cp.kept_for(retention.BUSY, why)
+            result.checkpoints.append(cp)
+        for cp in result.removed:
+            assert cp.step is not None
+            del self.complete_at[cp.step]
+        return result
+
+
+def test_saves_back_to_back_are_pruned_after_each_one(tmp_path: Path) -> None:
+    """A save every 1.5 s (a file every 0.25 s, its uploads in the store 1 s after its
+    end), so the mount is never quiet for 2 s and never drained: each new checkpoint
+    prunes the directory at once, and at no moment does it hold more than keep-last + 2
+    checkpoint directories. The clock moves only by the test's own steps, each followed
+    by whatever prune fell due, so the bound is checked at every step."""
+    keep_last = 3
+    host, shelf = FakeHost(), Shelf()
+    host.settled = False  # uploads never drain while training runs
+    ap = AutoPruner(LocalStore(tmp_path), Policy(keep_last, None, "checkpoint-*"), host,
+                    prune=shelf.prune)
+    clock = trio.testing.MockClock()
+
+    async def step(seconds: float) -> None:
+        clock.jump(seconds)
+        await trio.testing.wait_all_tasks_blocked()
+        while ap.running is not None:  # a prune in its thread: until it is done
+            await trio.to_thread.run_sync(time.sleep, 0.001)
+            await trio.testing.wait_all_tasks_blocked()
+        shelf.most = max(shelf.most, len(shelf))
+        assert len(shelf) <= keep_last + 2, (trio.current_time(), sorted(shelf.complete_at))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ap.run)
+            for n in range(1, 31):
+                shelf.complete_at[n] = float("inf")  # the next save's directory
+                shelf.most = max(shelf.most, len(shelf))
+                ap.notify(Op(0, "put_dir", f"run/checkpoint-{n}"))
+                for part in range(4):
+                    ap.notify(put(f"run/checkpoint-{n}/part-{part}.pt"))
+                    await step(0.25)
+                shelf.complete_at[n] = trio.current_time() + 1.0
+                await step(0.5)
+            assert ap.runs >= 28 and ap.errors == 0
+            assert sorted(shelf.complete_at) == [28, 29, 30]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=clock)
+    assert shelf.most == keep_last + 1  # the kept ones, and the next save's directory
 
 
 def test_an_incomplete_newest_checkpoint_is_pruned_again_with_backoff(

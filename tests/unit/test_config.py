@@ -4,15 +4,19 @@ checks."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from ckptfs.config import (
+    MAX_DURATION,
     MountConfig,
+    check_glob,
     default_cache_dir,
     format_duration,
     parse_duration,
     parse_size,
+    trash_seconds,
 )
 from ckptfs.errors import ConfigError
 
@@ -41,7 +45,8 @@ def test_parse_duration(text: str, seconds: float, shown: str) -> None:
     assert format_duration(seconds) == shown and parse_duration(shown) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "h", "-1h", "-5", "1y", "1 h 2", "ten", "1e3s"])
+@pytest.mark.parametrize("text", ["", "h", "-1h", "-5", "1y", "1 h 2", "ten", "1e3s",
+                                  "99999999999d", "36501d", "876001h", f"{36500 * 86400 + 1}"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ConfigError, match="--grace") as e:
         parse_duration(text, "--grace")
@@ -71,3 +76,32 @@ def test_mount_config_defaults_and_checks() -> None:
         with pytest.raises(ConfigError, match=message):
             MountConfig("store", "/mnt", **bad)  # type: ignore[arg-type]
     assert MountConfig("store", "/mnt", uploads_while_writing=0).uploads_while_writing == 0
+
+
+def test_durations_up_to_100_years() -> None:
+    """A longer one is a typo whose cutoff would lie before year 1 (`--grace 99999999999d`
+    gave year -273788674)."""
+    assert parse_duration("36500d") == MAX_DURATION == 100 * 365 * 86400
+    with pytest.raises(ConfigError, match=r"at most 36500d \(100 years\)"):
+        parse_duration("99999999999d", "--grace")
+    assert trash_seconds(876000) == MAX_DURATION
+    with pytest.raises(ConfigError, match="--trash-hours must be at most 876000"):
+        trash_seconds(1e12)
+
+
+@pytest.mark.parametrize("pattern", ["checkpoint-*", "step-[0-9]*", "[]]x", "[!a]*", "[[]",
+                                     "x]", "global_step?"])
+def test_check_glob_accepts(pattern: str) -> None:
+    assert check_glob(pattern, "--pattern") == pattern
+
+
+@pytest.mark.parametrize(("pattern", "why"), [
+    ("[", "the '[' at 1 is never closed"), ("ckpt-[0-9", "the '[' at 6 is never closed"),
+    ("[]", "never closed"), ("[!]", "never closed"), ("[z-a]*", "the range z-a is empty"),
+    ("", "one directory name"), ("run/step-*", "one directory name")])
+def test_check_glob_refuses(pattern: str, why: str) -> None:
+    """fnmatch takes an unclosed '[' for a plain character: such a pattern silently
+    matched nothing."""
+    with pytest.raises(ConfigError, match=re.escape(why)) as e:
+        check_glob(pattern, "--pattern")
+    assert str(e.value).startswith(f"--pattern {pattern!r} ") and "\n" not in str(e.value)
