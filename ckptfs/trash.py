@@ -140,7 +140,10 @@ def parse(info: ObjectInfo) -> Entry | None:
     if not path:
         return None
     m = BATCH.fullmatch(batch)
-    kept, node = (parse_duration(m.group(2)), m.group(4)) if m else (math.inf, "?")
+    try:
+        kept, node = (parse_duration(m.group(2)), m.group(4)) if m else (math.inf, "?")
+    except ConfigError:  # a keep beyond what a writer may give: never expires, as unread
+        kept, node = math.inf, "?"
     return Entry(info.key, batch, path, rest.endswith("/"), info.mtime, kept, node)
 
 

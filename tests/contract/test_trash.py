@@ -338,9 +338,10 @@ def test_bad_input_is_one_line(st: StoreUnderTest, tmp_path: Path) -> None:
          "--trash-hours must be 0"),
     ]
     for verb in ("ls", "restore", "empty"):  # the same refusal from each verb
-        cases.append((["trash", verb, st.url, "run/../x", *st.extra], "'..' in PATH run/../x"))
+        cases.append((["trash", verb, st.url, "run/../x", *st.extra],
+                      "'..' in a path in the store: run/../x"))
     cases.append((["trash", "restore", st.url, "a", "--to", "../b", *st.extra],
-                  "'..' in --to ../b"))
+                  "'..' in a path in the store: ../b"))
     for args, words in cases:
         r = run_cli(*args, check=False)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
