@@ -191,7 +191,7 @@ class Writer:
 
     def run(self, stop: threading.Event) -> None:
         self.save(0, 0)
-        sync(self.mount)
+        self.mount.sync()
         self.milestone = self.stamps(0)
         assert None not in self.milestone.values(), self.milestone
         step = 1
@@ -200,7 +200,7 @@ class Writer:
             oldest = None
             if len(kept) == KEEP:
                 oldest = kept[0]
-                sync(self.mount)  # what this node closed is in the store: check it, whole
+                self.mount.sync()  # what this node closed is in the store: check it, whole
                 self.check_complete(oldest)
             self.save(step, self.content_for(step), delete=oldest)
             step += 1
@@ -238,16 +238,6 @@ class Writer:
 def status(m: Mount) -> dict[str, Any]:
     """`ckptfs status --json` of the mount, in this process."""
     return dict(next(control.request(control_socket_path(str(m.cache)), "status")))
-
-
-def sync(m: Mount, timeout: float = 120) -> None:
-    """`ckptfs sync` of the mount, in this process (no interpreter started per step)."""
-    sock = control_socket_path(str(m.cache))
-    for answer in control.request(sock, "sync", timeout=timeout):
-        if answer.get("done"):
-            return
-        assert "error" not in answer, answer
-    raise AssertionError(f"sync of {m.path} ended without an answer")
 
 
 #: the gc loop: `ckptfs gc` run after run, each answer printed as one JSON line, until the
