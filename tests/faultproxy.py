@@ -47,6 +47,8 @@ class FaultProxy:
     Requests pass through unchanged (the Host header too, so SigV4 signatures still match).
     `throttle(p, match, first)` answers 503 SlowDown to the first `first` tries of every
     matching request (same method and path) and then to a fraction `p` of them (seeded);
+    `refuse(status, body, match)` answers every matching request with that status and
+    JSON body instead (401/403: credentials the server does not accept);
     `hold(match)` keeps matching requests waiting until `release()`; `delay(s, match)`
     forwards matching requests `s` seconds late. `log` records every request (`Request`),
     `injected` the (method, path) of each 503 sent, `held` how many requests were held.
@@ -69,6 +71,8 @@ class FaultProxy:
         self.hold_match: Match = never
         self.delay_match: Match = never
         self.delay_seconds = 0.0
+        self.refuse_match: Match = never
+        self.refusal = (0, b"")  # (status, JSON body) of refuse()
         self.released = threading.Event()
         self.released.set()
         self.injected: list[tuple[str, str]] = []
@@ -114,6 +118,10 @@ class FaultProxy:
             self.p, self.throttle_match, self.first = p, match, first
             self.tries.clear()
 
+    def refuse(self, status: int, body: bytes, match: Match) -> None:
+        with self.lock:
+            self.refusal, self.refuse_match = (status, body), match
+
     def hold(self, match: Match) -> None:
         with self.lock:
             self.hold_match = match
@@ -152,19 +160,19 @@ class FaultProxy:
                 throttled = n <= self.first or self.random.random() < self.p
             if throttled:
                 self.injected.append((method, path))
-            holding = not throttled and self.hold_match(method, path)
+            refused = not throttled and self.refuse_match(method, path)
+            holding = not throttled and not refused and self.hold_match(method, path)
             if holding:
                 self.held += 1
             delay = self.delay_seconds if self.delay_match(method, path) else 0.0
         try:
             if throttled:
                 request.status = 503
-                h.send_response(503)
-                h.send_header("Content-Type", "application/xml")
-                h.send_header("Content-Length", str(len(self.SLOWDOWN)))
-                h.end_headers()
-                if method != "HEAD":
-                    h.wfile.write(self.SLOWDOWN)
+                self._answer(h, 503, "application/xml", self.SLOWDOWN)
+                return
+            if refused:
+                request.status, body = self.refusal
+                self._answer(h, request.status, "application/json", body)
                 return
             if holding:
                 self.released.wait(60)
@@ -174,6 +182,17 @@ class FaultProxy:
             request.status = self._forward(h, method, path, body)
         finally:
             request.end = time.monotonic()
+
+    @staticmethod
+    def _answer(h: http.server.BaseHTTPRequestHandler, status: int, content_type: str,
+                body: bytes) -> None:
+        """Answer the request here, without forwarding it."""
+        h.send_response(status)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(body)
 
     def _forward(self, h: http.server.BaseHTTPRequestHandler, method: str, path: str,
                  body: bytes) -> int:

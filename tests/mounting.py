@@ -79,6 +79,19 @@ class Mount:
         """`ckptfs status --json` of the mount."""
         return dict(json.loads(run_cli("status", str(self.path), "--json").stdout))
 
+    def sync(self, timeout: float = 120) -> None:
+        """`ckptfs sync` of the mount, in this process (no interpreter started): returns
+        when everything closed so far is in the store."""
+        from ckptfs import control
+        from ckptfs.mount import control_socket_path
+
+        for answer in control.request(control_socket_path(str(self.cache)), "sync",
+                                      timeout=timeout):
+            assert "error" not in answer, answer
+            if answer.get("done"):
+                return
+        raise AssertionError(f"sync of {self.path} ended without an answer")
+
     def log(self) -> str:
         """The daemon's log (ckptfs.log in the cache directory)."""
         return (self.cache / "ckptfs.log").read_text()

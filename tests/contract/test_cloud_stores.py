@@ -4,17 +4,21 @@ secret, from the store and from the command line; two attempts per call under th
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
+import types
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import google.auth.credentials
 import pytest
 from azurite import KEY, AzuriteServer
 from fakegcs import FakeGcsServer
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, never
 from mounting import run_cli
 
 from ckptfs.errors import (
@@ -113,7 +117,19 @@ def test_azure_key_or_sas_from_the_environment(azurite: AzuriteServer, azure_sto
     assert [k for k, _ in signed.list("").objects] == ["k", "k2"]
 
 
-def test_azure_missing_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+class StandInCredential:
+    """DefaultAzureCredential where azure-identity is not installed: a token credential
+    that is never asked for a token here."""
+
+    def get_token(self, *scopes: str, **kwargs: object) -> object:
+        raise AssertionError("no token is needed to open a store")
+
+
+@pytest.mark.parametrize("identity", ["absent", "installed"])
+def test_azure_missing_credentials(monkeypatch: pytest.MonkeyPatch, identity: str) -> None:
+    """No account: one line saying what to set. An account and no key, SAS or connection
+    string: without azure-identity, one line saying how to get it; with it, the store
+    opens with DefaultAzureCredential on the account's endpoint (asks for no token yet)."""
     for name in list(os.environ):
         if name.startswith("AZURE_"):
             monkeypatch.delenv(name)
@@ -121,14 +137,29 @@ def test_azure_missing_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
                        "AZURE_STORAGE_CONNECTION_STRING"):
         open_store("az://container/run")
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "someaccount")
-    try:
-        import azure.identity  # noqa: F401
-    except ImportError:  # the extra is not installed here: the error says how to get it
+    if identity == "absent":
+        monkeypatch.setitem(sys.modules, "azure.identity", None)  # import fails
         with pytest.raises(ConfigError, match=r"no Azure credentials: .*azure-identity"):
             open_store("az://container/run")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AZURE_")}
-    line = cli_error(["az://container/run"], env=env)
-    assert line.startswith("ckptfs: no Azure storage account")
+    else:
+        try:
+            from azure.identity import DefaultAzureCredential
+        except ImportError:  # the extra is not installed here: a stand-in module
+            module = types.ModuleType("azure.identity")
+            module.DefaultAzureCredential = StandInCredential  # type: ignore[attr-defined]
+            monkeypatch.setitem(sys.modules, "azure.identity", module)
+            DefaultAzureCredential = StandInCredential
+        store = open_store("az://container/run")
+        try:
+            assert isinstance(store, AzureStore)
+            assert store.url == "az://container/run/ at https://someaccount.blob.core.windows.net"
+            assert isinstance(store._service.credential, DefaultAzureCredential)
+        finally:
+            store.close()
+    if identity == "absent":  # (the same with it: one command line is enough)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AZURE_")}
+        line = cli_error(["az://container/run"], env=env)
+        assert line.startswith("ckptfs: no Azure storage account")
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountName=x;garbage")
     with pytest.raises(ConfigError, match="not a valid connection string"):
         open_store("az://container/run")
@@ -201,11 +232,82 @@ def test_gcs_broken_credentials_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     one_line_without(["LEAKCHECK"], failure.value)
 
 
-@pytest.mark.skip(reason="fake-gcs-server accepts any credentials (it checks none), so a "
-                  "wrong key cannot be told from a right one here; 401/403 map to "
-                  "PermanentStoreError (test_error_classes)")
-def test_gcs_wrong_credentials() -> None:
-    pass
+#: what GCS answers to a request whose credentials it does not accept (401: a token that
+#: is not valid, even once refreshed) or that may not touch the bucket (403)
+GCS_REFUSALS = {
+    401: ("Invalid Credentials", "authError"),
+    403: ("someone@example.iam.gserviceaccount.com does not have storage.objects.list "
+          "access to the Google Cloud Storage bucket.", "forbidden"),
+}
+TOKEN = "ya29.LEAKCHECK-token"
+
+
+class TokenCredentials(google.auth.credentials.Credentials):
+    """Credentials holding an access token that a refresh renews (as a service account's
+    do): on a 401, GCS's client (google-auth's AuthorizedSession) refreshes them and
+    tries again, twice."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.token = TOKEN
+        self.refreshes = 0
+
+    def refresh(self, request: object) -> None:
+        self.refreshes += 1
+        self.token = TOKEN
+
+
+@pytest.mark.parametrize("status", sorted(GCS_REFUSALS))
+def test_gcs_wrong_credentials(fakegcs: FakeGcsServer, status: int,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """fake-gcs-server checks no credentials: a FaultProxy in front of it answers as GCS
+    does to wrong ones. Every call is a PermanentStoreError, one line without the token,
+    and is not retried (a 401 only after each of the two refreshes); the command
+    line exits 2 saying to check the credentials."""
+    from ckptfs.store import gcs
+
+    message, reason = GCS_REFUSALS[status]
+    body = json.dumps({"error": {"code": status, "message": message, "errors": [
+        {"message": message, "domain": "global", "reason": reason}]}}).encode()
+    bucket = fakegcs.new_bucket()
+    proxy = FaultProxy(fakegcs.endpoint)
+    credentials = TokenCredentials()
+    monkeypatch.setattr(gcs, "_credentials", lambda endpoint: (endpoint, credentials, "p"))
+    store = GcsStore(bucket, "p", proxy.endpoint)
+    try:
+        proxy.refuse(status, body, lambda m, p: True)
+        with pytest.raises(PermanentStoreError) as check:
+            store.check()
+        assert str(check.value) == (f"access to bucket {bucket} at {proxy.endpoint} denied "
+                                    f"(HTTP {status}): check the credentials")
+        errors: list[BaseException] = [check.value]
+        for call in (lambda: store.get("k"), lambda: store.put("k", b"x"),
+                     lambda: store.list(""), lambda: store.delete("k")):
+            requests, refreshes = proxy.requests, credentials.refreshes
+            with pytest.raises(PermanentStoreError, match=f"HTTP {status}") as failure:
+                call()
+            tries = 1 + credentials.refreshes - refreshes
+            assert tries == (3 if status == 401 else 1), (status, tries)
+            assert proxy.requests - requests == tries, "a refused request was tried again"
+            errors.append(failure.value)
+        one_line_without([TOKEN], *errors)
+        proxy.refuse(0, b"", never)  # the same store, once the credentials are accepted
+        store.put("k", b"x")
+        assert store.get("k") == b"x"
+    finally:
+        store.close()
+        proxy.close()
+        fakegcs.drop_bucket(bucket)
+    # the command line (anonymous credentials, for the emulator's endpoint): one line, exit 2
+    proxy = FaultProxy(fakegcs.endpoint)
+    try:
+        proxy.refuse(403, json.dumps({"error": {"code": 403, "message": message}}).encode(),
+                     lambda m, p: True)
+        line = cli_error([f"gs://{bucket}/p", "--endpoint-url", proxy.endpoint])
+        assert line == (f"ckptfs: access to bucket {bucket} at {proxy.endpoint} denied "
+                        f"(HTTP 403): check the credentials")
+    finally:
+        proxy.close()
 
 
 def test_gcs_endpoint_down(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from ckptfs import gc, inspection, manifests
 from ckptfs.cache import LocalCache, StagingFile
 from ckptfs.cli import human
 from ckptfs.codec import chunk_hash, encode_chunk
+from ckptfs.errors import NotFoundError
 from ckptfs.gc import GcError, GcReport
 from ckptfs.journal import Journal
 from ckptfs.manifests import Manifest, chunk_key, fossil_key
@@ -313,29 +315,100 @@ def test_gc_killed_at_any_point_loses_nothing(kind: str, point: str,
     assert fsck.clean and fsck.garbage_chunks == 0 and fsck.fossils == 0, fsck.to_dict()
 
 
+class ListingGate(FaultyStore):
+    """One gc run's view of the store: `before_listing()` is called when the run starts
+    listing the manifests (its first scan of files/), `after_listing()` when it has read
+    them all (its first scan of fossils/, the sweep); `renamed` records its moves."""
+
+    def __init__(self, inner: Store, before_listing: Callable[[], object] = lambda: None,
+                 after_listing: Callable[[], object] = lambda: None) -> None:
+        super().__init__(inner)
+        self.hooks = {manifests.FILES: before_listing, manifests.FOSSILS: after_listing}
+        self.renamed: list[str] = []
+
+    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
+        hook = self.hooks.pop(prefix, None)  # each called once
+        if hook is not None:
+            hook()
+        return super().scan(prefix)
+
+    def rename(self, src: str, dst: str) -> None:
+        super().rename(src, dst)
+        self.renamed.append(src)
+
+
+def read_all(store: Store, paths: list[str]) -> dict[str, bytes]:
+    """files_of() for `paths`, each read again (up to 3 times) before it counts as lost:
+    a HEAD of chunks/ then one of fossils/ can both miss a chunk that a gc run restores
+    (fossils/ -> chunks/) between the two."""
+    out = {}
+    for path in paths:
+        for attempt in range(3):
+            try:
+                out[path] = read_back(store, path, fossils=True)
+                break
+            except (AssertionError, NotFoundError):
+                if attempt == 2:
+                    raise
+                time.sleep(0.05)
+    return out
+
+
 def test_runs_at_once_lose_no_referenced_chunk(st: StoreUnderTest) -> None:
-    """Four gc runs at once, three times over, on a store with every kind of object: no
-    file ever stops reading, and the store ends as one run alone would leave it."""
+    """Four gc runs at once, three times over, on a store with every kind of object,
+    that disagree: between the listings of the first run and of the other three, a file
+    is published naming an old chunk that no file named (a writer that deduplicated
+    against it). The first run sets that chunk aside, the others see it named. No run
+    loses a chunk, no file ever stops reading (read in a loop during the runs), and the
+    store ends as one run alone would leave it."""
     every_state(st.store)
     for i in range(30):  # many small chunks, so that the runs overlap
         put_file(st.store, f"many/{i}", random_bytes(300))
         put_chunk(st.store, random_bytes(301))
     want = files_of(st.store)
+    want_lock = threading.Lock()  # the reader reads `want` while a run's hook adds to it
     errors: list[BaseException] = []
+    reports: list[GcReport] = []
 
-    def one() -> None:
+    def one(store: Store) -> None:
         try:
-            collect(st.store)
+            reports.append(collect(store))
         except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
             errors.append(e)
 
-    for _ in range(3):
-        threads = [threading.Thread(target=one) for _ in range(4)]
+    for n in range(3):
+        late = random_bytes(CHUNK, seed=100 + n)
+        old = put_chunk(st.store, late)  # named by no file
+        if st.local:  # old (a file's mtime may be finer than the clock probe's)
+            age(st.store, chunk_key(old), DAY)
+        published = threading.Event()
+
+        def publish(path: str = f"late/{n}", data: bytes = late,
+                    published: threading.Event = published) -> None:
+            put_file(st.store, path, data, skip=(0,))  # the manifest alone: a dedup
+            with want_lock:
+                want[path] = data
+            published.set()
+
+        first = ListingGate(st.store, after_listing=publish)
+        gated = [first, *(ListingGate(st.store, before_listing=partial(published.wait, 60))
+                          for _ in range(3))]
+        threads = [threading.Thread(target=one, args=(g,)) for g in gated]
+        reports.clear()
         for t in threads:
             t.start()
+        reads = 0
+        while any(t.is_alive() for t in threads):  # a reader, all along
+            with want_lock:
+                expected = dict(want)
+            assert read_all(st.store, list(expected)) == expected
+            reads += 1
         for t in threads:
             t.join()
         assert not errors, errors
+        assert published.is_set() and reads > 0
+        assert chunk_key(old) in first.renamed  # the first run set it aside: they disagreed
+        assert [r.lost for r in reports] == [[]] * 4, [r.to_dict() for r in reports]
         assert files_of(st.store) == want
     collect(st.store)
     collect(st.store)

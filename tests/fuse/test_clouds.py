@@ -8,7 +8,9 @@ only these run on the new stores, to keep the suite's time in check.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -27,15 +29,17 @@ from ckptfs.store import open_store
 MiB = 2**20
 
 
-def mounted_store(url: str, extra: list[str]) -> MountedStore:
-    def count() -> int:
-        store = open_store(url, endpoint_url=extra[1] if extra else None)
-        try:
-            return len(store.list("chunks/", None).objects)
-        finally:
-            store.close()
+def count_objects(url: str, extra: list[str], prefix: str = "chunks/") -> int:
+    """How many objects the store at `url` holds under `prefix`."""
+    store = open_store(url, endpoint_url=extra[1] if extra else None)
+    try:
+        return len(store.list(prefix, None).objects)
+    finally:
+        store.close()
 
-    return MountedStore(url, extra, count)
+
+def mounted_store(url: str, extra: list[str]) -> MountedStore:
+    return MountedStore(url, extra, lambda: count_objects(url, extra))
 
 
 @pytest.fixture(params=["azure", "gcs"])
@@ -68,10 +72,11 @@ def test_torch_checkpoint_survives_remount_on_another_node(
     assert "everything is in the store" in r.stdout
     assert cloud.count_chunks() >= size // (16 * MiB)
 
-    b = cloud.node(nodes, tmp_path, "b")  # another node: its own, empty cache
+    chunks = cloud.count_chunks()
+    # another node: its own, empty cache; no trash, so that a delete leaves garbage at once
+    b = cloud.node(nodes, tmp_path, "b", "--trash-hours", "0")
     assert_same(state, torch.load(b / "step-1000" / "rank0.pt", weights_only=False))
     assert b.status()["fetched_bytes"] >= size
-    b.umount()
 
     url, extra = cloud.url, cloud.extra
     assert "step-1000/" in run_cli("ls", url, *extra).stdout
@@ -80,8 +85,15 @@ def test_torch_checkpoint_survives_remount_on_another_node(
     assert run_cli("latest", url, "", "--pattern", "step-*", *extra).stdout.strip().endswith(
         "step-1000")
     run_cli("fsck", url, *extra)
-    gc = run_cli("gc", url, "--grace", "0", "--no-writers", *extra)
-    assert "freed" in gc.stdout + gc.stderr
+    # the checkpoint deleted: gc sets its chunks aside, then the next run frees them
+    shutil.rmtree(b / "step-1000")
+    b.umount()
+    gc = json.loads(run_cli("gc", url, "--grace", "0", "--no-writers", "--json", *extra).stdout)
+    assert gc["fossilized"]["count"] == chunks and gc["freed"]["count"] == 0, gc
+    aside = gc["fossilized"]["bytes"]
+    gc = json.loads(run_cli("gc", url, "--grace", "0", "--no-writers", "--json", *extra).stdout)
+    assert gc["freed"] == {"count": chunks, "bytes": aside}, gc
+    assert count_objects(url, extra) == count_objects(url, extra, "fossils/") == 0
 
 
 def test_two_nodes_close_to_open_and_directory_rename(

@@ -11,7 +11,8 @@ from pathlib import Path
 from mounting import Nodes, run_cli
 from support import random_bytes
 
-from ckptfs import inspection
+from ckptfs import gc, inspection, trash
+from ckptfs.cli import human
 from ckptfs.store.local import LocalStore
 
 MiB = 1 << 20
@@ -39,7 +40,10 @@ def test_rotation_then_gc_leaves_only_what_the_kept_checkpoints_need(
     store_dir = tmp_path / "store"
     store_dir.mkdir()
     store = LocalStore(store_dir)
-    trainer = nodes.mount(str(store_dir), tmp_path, "trainer", "--chunk-size", "256K")
+    # no trash: what the rotation deletes is unreferenced at once, and only the grace
+    # keeps gc off it
+    trainer = nodes.mount(str(store_dir), tmp_path, "trainer", "--chunk-size", "256K",
+                          "--trash-hours", "0")
     for step in range(1, SAVES + 1):
         d = trainer / f"step-{step}"
         d.mkdir()
@@ -47,36 +51,45 @@ def test_rotation_then_gc_leaves_only_what_the_kept_checkpoints_need(
             (d / name).write_bytes(data)
         if step > KEEP:
             shutil.rmtree(trainer / f"step-{step - KEEP}")  # keep the last KEEP
+    trainer.sync()  # every chunk written is in the store
+    fsck = inspection.fsck(store)
+    garbage = (fsck.garbage_chunks, fsck.garbage_bytes)
+    assert fsck.trash_files == 0 and garbage[0] > 0, fsck.to_dict()
     # gc given a path in the mount works on its store; with the default grace of a day,
-    # nothing written minutes ago is old enough
+    # nothing written minutes ago is old enough: the garbage is kept, for the grace
     r = run_cli("gc", str(trainer / "step-12"), "--dry-run")
     assert f"store        {store.url}: " in r.stdout, r.stdout
-    assert "0 (0 B) would be set aside as fossils" in r.stdout, r.stdout
+    assert (f"0 (0 B) would be set aside as fossils, {garbage[0]} ({human(garbage[1])}) "
+            f"unreferenced kept for the grace") in r.stdout, r.stdout
+    # (a grace of 0 would set all of it aside: it is the grace that keeps it)
+    dry = gc.collect(store, 0.0, dry_run=True)
+    assert (dry.fossilized.count, dry.fossilized.bytes) == garbage, dry.to_dict()
     trainer.umount()
     kept = [f"step-{s}" for s in range(SAVES - KEEP + 1, SAVES + 1)]
     assert store.list("files/").prefixes == sorted(f"files/{k}/" for k in kept)
-    # the deleted checkpoints are in the trash (24 h by default): gc keeps their chunks
-    r = run_cli("gc", str(store_dir), "--grace", "0", "--no-writers", "--json")
-    assert json.loads(r.stdout)["fossilized"]["count"] == 0, r.stdout
-    r = run_cli("trash", "empty", str(store_dir))
-    # 3 files and a marker (mkdir made one) per checkpoint removed
-    assert r.stdout.startswith(f"deleted {(SAVES - KEEP) * 4} trash entries"), r.stdout
+    assert store.list("trash/").objects == []
     before, needed = chunk_bytes(store)
     assert before > 3 * needed  # nine saves' trained bytes are garbage
 
-    run_cli("gc", str(store_dir), "--grace", "0", "--no-writers")  # sets them aside
+    r = run_cli("gc", str(store_dir), "--grace", "0", "--no-writers", "--json")
+    assert json.loads(r.stdout)["fossilized"]["count"] == garbage[0], r.stdout  # set aside
     aside, _ = chunk_bytes(store)
     assert aside == before  # moved to fossils/, not freed yet
-    run_cli("gc", str(store_dir), "--grace", "0", "--no-writers")  # frees them
+    r = run_cli("gc", str(store_dir), "--grace", "0", "--no-writers", "--json")
+    assert json.loads(r.stdout)["freed"]["count"] == garbage[0], r.stdout  # frees them
     after, needed_after = chunk_bytes(store)
     assert needed_after == needed
     assert after <= 1.05 * needed, (before, after, needed)
 
-    reader = nodes.mount(str(store_dir), tmp_path, "reader")  # a fresh node
+    reader = nodes.mount(str(store_dir), tmp_path, "reader")  # a fresh node; trash 24 h
     for k in kept:
         step = int(k.split("-")[1])
         for name, data in checkpoint_files(step).items():
             assert (reader / k / name).read_bytes() == data, (k, name)
+    # a checkpoint deleted where there is a trash: gc keeps its chunks
+    shutil.rmtree(reader / kept[0])
     reader.umount()
+    assert gc.collect(store, 0.0).fossilized.count == 0
+    assert len(trash.entries(store, kept[0])) == 4  # 3 files and the marker
     r = run_cli("fsck", str(store_dir), "--deep")
     assert "0 unreferenced" in r.stdout and "fossils" not in r.stdout, r.stdout

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import random
 import struct
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
 import xxhash
+import zstandard
 
 from ckptfs import codec
 from ckptfs.errors import CorruptChunkError
@@ -59,6 +62,88 @@ def test_codec_lz4_only_when_strictly_smaller() -> None:
         assert codec.decode_chunk(blob) == data
     assert codec.encode_chunk(b"\0" * 4096)[1] == codec.CODEC_LZ4
     assert codec.encode_chunk(b"x")[1] == codec.CODEC_RAW
+
+
+#: (fewest, most) percent that a payload saves, and whether the chunk is then compressed:
+#: only a saving of 3% or more is worth decoding (codec._saves)
+SAVINGS = [((1.0, 2.0), False), ((2.0, 3.0), False), ((3.0, 4.0), True)]
+
+
+def _saving(payload: bytes, data: bytes) -> float:
+    return 100 * (1 - len(payload) / len(data))
+
+
+def _shrinking_by(low: float, high: float, make: Callable[[int], bytes],
+                  compress: Callable[[bytes], bytes]) -> bytes:
+    """The first make(k), k = 0, 16, 32, ..., whose payload saves low% to high%."""
+    for k in range(0, 1 << 16, 16):
+        data = make(k)
+        if low <= _saving(compress(data), data) < high:
+            return data
+    raise AssertionError(f"no payload saves {low}% to {high}%")
+
+
+def _zeros_at_the_end(k: int) -> bytes:
+    """64 KiB (one sample: all of it is compressed) of random bytes, the last k zeros."""
+    return random.Random(5).randbytes(65536 - k) + bytes(k)
+
+
+@pytest.mark.parametrize(("saving", "compressed"), SAVINGS, ids=["1-2%", "2-3%", "3-4%"])
+def test_codec_lz4_only_when_three_percent_smaller(saving: tuple[float, float],
+                                                   compressed: bool) -> None:
+    data = _shrinking_by(*saving, _zeros_at_the_end, codec._lz4)
+    blob, cid = codec.encode_chunk(data)
+    assert cid == (codec.CODEC_LZ4 if compressed else codec.CODEC_RAW), _saving(
+        codec._lz4(data), data)
+    assert len(blob) == codec.HEADER_SIZE + (len(codec._lz4(data)) if compressed else len(data))
+    assert codec.decode_chunk(blob, codec.chunk_hash(data)) == data
+
+
+def _zero_plane_bytes(plane: int, base: bytes | None = None) -> Callable[[int], bytes]:
+    """make(k): 64 KiB of random bytes (or `base`), byte `plane` of the first k words zero."""
+    def make(k: int) -> bytes:
+        words = np.frombuffer(base or random.Random(6).randbytes(65536), np.uint8).copy()
+        words.reshape(-1, 4)[:k, plane] = 0
+        return words.tobytes()
+
+    return make
+
+
+@pytest.mark.parametrize(("saving", "compressed"), SAVINGS, ids=["1-2%", "2-3%", "3-4%"])
+def test_codec_zstd4_only_when_three_percent_smaller(saving: tuple[float, float],
+                                                     compressed: bool) -> None:
+    """The whole payload must save 3% (here one plane is a zstd frame, three are raw)."""
+    data = _shrinking_by(*saving, _zero_plane_bytes(3), codec._zstd4)
+    payload = codec._zstd4(data)
+    assert struct.unpack_from("<4I", payload)[3] < len(data) // 4  # plane 3 is a frame
+    blob, cid = codec.encode_chunk(data, "zstd4")
+    assert cid == (codec.CODEC_ZSTD4 if compressed else codec.CODEC_RAW), _saving(payload, data)
+    assert blob[codec.HEADER_SIZE:] == (payload if compressed else data)
+    assert codec.decode_chunk(blob, codec.chunk_hash(data)) == data
+
+
+def test_zstd4_plane_only_a_frame_when_three_percent_smaller() -> None:
+    """In a zstd4 chunk, a plane that zstd makes 1-2% smaller stays raw, one it makes 3-4%
+    smaller is a frame."""
+    words = 65536 // 4
+    plane_3_zero = _zero_plane_bytes(3)(words)  # plane 3 all zeros: the chunk compresses
+
+    def plane_saving(data: bytes, plane: int) -> float:
+        frame = zstandard.ZstdCompressor(compression_params=codec.ZSTD_PARAMS).compress(
+            np.frombuffer(data, np.uint8).reshape(-1, 4)[:, plane].tobytes())
+        return 100 * (1 - len(frame) / words)
+
+    for (low, high), framed in SAVINGS:
+        make = _zero_plane_bytes(2, plane_3_zero)
+        data = next((d for d in map(make, range(0, words, 4))
+                     if low <= plane_saving(d, 2) < high), None)
+        assert data is not None, (low, high)
+        blob, cid = codec.encode_chunk(data, "zstd4")
+        assert cid == codec.CODEC_ZSTD4
+        sizes = struct.unpack_from("<4I", blob, codec.HEADER_SIZE)
+        assert (sizes[2] < words) == framed, (low, high, sizes)
+        assert sizes[:2] == (words, words) and sizes[3] < words // 10
+        assert codec.decode_chunk(blob, codec.chunk_hash(data)) == data
 
 
 def test_codec_empty() -> None:

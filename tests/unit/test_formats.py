@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import struct
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -230,18 +232,36 @@ def test_truncated_or_garbage_after_header_falls_back(tmp_path: Path, keep: int)
     assert cuts_of(data, random_steps(rng, len(data))) == cuts
 
 
-def test_zip64_local_header_sizes(tmp_path: Path) -> None:
+def zip64_archive(entries: list[tuple[str, bytes]]) -> bytes:
+    """A stored (uncompressed) zip archive, built byte by byte, whose local and central
+    headers say 0xFFFFFFFF for both sizes and give them in a zip64 extra field, as for
+    records > 4 GiB (what `zipfile` writes there depends on the CPython release)."""
+    local, central = bytearray(), bytearray()
+    for name, data in entries:
+        raw_name, crc, size = name.encode(), zlib.crc32(data), len(data)
+        extra = struct.pack("<HHQQ", 0x0001, 16, size, size)  # uncompressed, compressed
+        # (the central header's field adds the local header's offset)
+        central_extra = struct.pack("<HHQQQ", 0x0001, 24, size, size, len(local))
+        central += struct.pack("<4s6H3I5H2I", b"PK\x01\x02", 45, 45, 0, 0, 0, 0, crc,
+                               0xFFFFFFFF, 0xFFFFFFFF, len(raw_name), len(central_extra),
+                               0, 0, 0, 0, 0xFFFFFFFF) + raw_name + central_extra
+        local += struct.pack("<4s5H3I2H", b"PK\x03\x04", 45, 0, 0, 0, 0, crc,
+                             0xFFFFFFFF, 0xFFFFFFFF, len(raw_name), len(extra))
+        local += raw_name + extra + data
+    end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, len(entries), len(entries),
+                      len(central), len(local), 0)
+    return bytes(local + central + end)
+
+
+def test_zip64_local_header_sizes() -> None:
     """Sizes in a zip64 extra field (0xFFFFFFFF in the header), as for records > 4 GiB."""
     payload = random.Random(3).randbytes(100_000)
-    path = tmp_path / "z.zip"
-    with zipfile.ZipFile(path, "w") as archive:
-        with archive.open("small", "w", force_zip64=True) as entry:
-            entry.write(b"x" * 10)
-        with archive.open("big", "w", force_zip64=True) as entry:
-            entry.write(payload)
-    data = path.read_bytes()
+    data = zip64_archive([("small", b"x" * 10), ("big", payload)])
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:  # a valid archive, zipfile agrees
+        assert archive.read("small") == b"x" * 10 and archive.read("big") == payload
     assert data[18:26] == b"\xff" * 8
     start = data.find(payload)
+    assert data[start - 20:start - 16] == struct.pack("<HH", 0x0001, 16)  # the extra field
     cuts = cuts_of(data)
     assert [c for c in cuts if c >= start] == [start, start + MX, start + len(payload)]
 
