@@ -51,7 +51,7 @@ def test_codec_incompressible_stays_raw() -> None:
     assert codec.encode_chunk(bytearray(data))[0] == blob
 
 
-def test_codec_lz4_only_when_strictly_smaller() -> None:
+def test_codec_small_and_zero_payloads_round_trip_raw_or_smaller() -> None:
     for data in (b"x", b"ab", os.urandom(17), b"\0" * 16, b"\0" * 4096):
         blob, cid = codec.encode_chunk(data)
         raw_blob_len = codec.HEADER_SIZE + len(data)
