@@ -608,10 +608,11 @@ def test_local_name_files_survive_racing_deletes(
     sub = long_name("sub%-")
     real_publish, real_unlink = LocalStore._publish, Path.unlink
 
-    def publish_after_delete(self: LocalStore, path: Path, fill: Callable[[int], None]) -> None:
+    def publish_after_delete(self: LocalStore, path: Path, fill: Callable[[int], None],
+                             exclusive: bool = False) -> bool:
         if path.name == "new%o":  # the put found the name file, then the delete ran
             local_store.delete(f"d/{sub}/old")
-        real_publish(self, path, fill)
+        return real_publish(self, path, fill, exclusive)
 
     local_store.put(f"d/{sub}/old", b"x")
     monkeypatch.setattr(LocalStore, "_publish", publish_after_delete)

@@ -171,7 +171,9 @@ class Workload:
 # put_file (close or fsync): w0, live, w1, old, new, s0..s3, doomed, w2, w0', live.
 # put_dir: ckpt, stage, scratch. rename_file: new->old, live->live-final.
 # Ops applied in order (op_applied): ckpt, w0, live, w1, old, new, new->old, stage, s0,
-# s1 (10), ..., w0' (18), mkdir scratch (19), rmdir scratch (20), the close of live (21).
+# s1 (10), ..., w0' (18), the version of w0 it replaced kept in the trash (19: a
+# keep_version op), mkdir scratch (20), rmdir scratch (21), the close of live (22) and
+# the fsynced version of live it replaced (23).
 def workload(w: Workload, close_live: bool) -> None:
     """A checkpoint save with every kind of acknowledged call; raises Died."""
     w.mkdir("ckpt")
@@ -229,7 +231,7 @@ CASES = [
     Case("journaled_delete_file:1", "unlink doomed.bin"),
     Case("journaled_delete_dir:1", "rmdir scratch"),
     Case("op_applied:10", "write+close stage/s1.bin"),  # applied, journal row not deleted
-    Case("op_applied:20", AFTER),  # rmdir's delete, applied once the workload is done:
+    Case("op_applied:21", AFTER),  # rmdir's delete, applied once the workload is done:
     # the kill comes while the fsynced file is open and idle
     Case("chunk_before_put:40", None),
     Case("chunk_after_put:70", None, store="s3"),  # in the store, journal row still there
