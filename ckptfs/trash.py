@@ -91,13 +91,20 @@ def keep_version(store: Store, path: str, manifest: bytes, batch: str) -> None:
 
 
 def keep_all(store: Store, keys: Iterable[str], batch: str) -> None:
-    """keep() each key, TRASH_THREADS at a time."""
+    """keep() each key: the directories' markers first, parents before children, then the
+    files, TRASH_THREADS at a time. (A marker PUT at the same moment as a child's can be
+    lost on SeaweedFS: it went missing from the trash in 2 of 40 copies of a directory
+    of 5 files made all at once; the directory's deletion would then be off the record.)"""
     keys = list(keys)
-    if len(keys) == 1:
-        keep(store, keys[0], batch)
+    for key in sorted((k for k in keys if k.endswith("/")), key=lambda k: k.count("/")):
+        keep(store, key, batch)
+    files = [k for k in keys if not k.endswith("/")]
+    if len(files) <= 1:
+        for key in files:
+            keep(store, key, batch)
         return
     with ThreadPoolExecutor(TRASH_THREADS, thread_name_prefix="ckptfs-trash") as pool:
-        list(pool.map(lambda k: keep(store, k, batch), keys))
+        list(pool.map(lambda k: keep(store, k, batch), files))
 
 
 # ---------------------------------------------------------------------------- reading

@@ -395,3 +395,20 @@ def test_path_forms_and_hints_are_commands_that_work(
     assert st.cli("prune", "ckpt", "--keep-last", "1").returncode == 0
     [item] = tjson(st, "ls", "ckpt")["items"]
     assert item["node"] == f"{socket.gethostname()}-cli", item
+
+
+def test_a_removed_directory_is_on_record_with_its_files(st: StoreUnderTest) -> None:
+    """remove_tree keeps a directory's marker beside its files in one batch, every time:
+    `trash ls` folds them into one line, and a restore brings the directory back. (On
+    SeaweedFS, a marker copied at the same moment as its files went missing in 2 of 40
+    such removals while keep_all copied everything at once: 40 of them there.)"""
+    removals = 40 if st.kind == "s3" else 5
+    for n in range(removals):
+        st.store.put(manifests.dir_key(f"run/c{n}"), manifests.DirMarker().to_json())
+        for i in range(5):
+            put_file(st.store, f"run/c{n}/f{i}", random_bytes(100, n * 5 + i))
+        retention.remove_tree(st.store, f"run/c{n}", trash.batch_id(3600, n, "t"))
+    found = trash.entries(st.store, "run")
+    removed = sorted(f"run/c{n}" for n in range(removals))
+    assert sorted(e.path for e in found if e.is_dir) == removed
+    assert sorted(it.head.path for it in trash.items(found)) == removed
