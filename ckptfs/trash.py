@@ -92,9 +92,10 @@ def keep_version(store: Store, path: str, manifest: bytes, batch: str) -> None:
 
 def keep_all(store: Store, keys: Iterable[str], batch: str) -> None:
     """keep() each key: the directories' markers first, parents before children, then the
-    files, TRASH_THREADS at a time. (A marker PUT at the same moment as a child's can be
-    lost on SeaweedFS: it went missing from the trash in 2 of 40 copies of a directory
-    of 5 files made all at once; the directory's deletion would then be off the record.)"""
+    files, TRASH_THREADS at a time. (On SeaweedFS, a marker PUT at the same moment as a
+    child's can be missing from later listings: it was, in the trash, in 2 of 40 copies
+    of a directory of 5 files made all at once, and the directory's deletion was then
+    off the record.)"""
     keys = list(keys)
     for key in sorted((k for k in keys if k.endswith("/")), key=lambda k: k.count("/")):
         keep(store, key, batch)
