@@ -1022,8 +1022,18 @@ def add_prune_parser(sub: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- main
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's, but a help or usage text that cannot be written (`ckptfs --help |
+    head -1`) raises BrokenPipeError, which main() answers with EXIT_PIPE: argparse itself
+    drops the error (and, on CPython 3.11.7, flushes first), which ended in exit 0."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="ckptfs", description="A FUSE checkpoint store: writes land in a local cache at "
         "disk speed and go to object storage (S3, Azure Blob, GCS or a directory) in the "
         "background.",

@@ -488,6 +488,15 @@ class Journal:
             self._lost = _lost(self._db)
         return now
 
+    @_journal_errors
+    def found_lost(self, chunk_hash: str) -> None:
+        """A chunk recorded as lost is in the store after all (uploaded again, by a new
+        version with the same bytes): no file lacks it any more."""
+        with self._transaction() as cur:
+            cur.execute("DELETE FROM lost WHERE hash = ?", (chunk_hash,))
+        with self._lock:
+            self._lost = _lost(self._db)
+
     def lost_files(self) -> list[LostFile]:
         """Files that lost data (see the module docstring); no database read."""
         return self._lost

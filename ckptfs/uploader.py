@@ -540,6 +540,8 @@ class Uploader:
             if chunk_hash in self._journaled:
                 self._journaled.discard(chunk_hash)
                 await self._forget_journaled(chunk_hash)
+        if any(f.hash == chunk_hash for f in self.journal.lost_files()):  # rare: a list
+            await self._found_lost(chunk_hash)
         for st, offset in self._waiting.pop(chunk_hash, []):
             if (st.id, offset) != origin:
                 self._dedup_bytes += job.length  # the same bytes, so the same length
@@ -573,6 +575,18 @@ class Uploader:
     def lost_files(self) -> list[LostFile]:
         """Files that lost a chunk before it reached the store (journal.py)."""
         return self.journal.lost_files()
+
+    async def _found_lost(self, chunk_hash: str) -> None:
+        """A chunk recorded as lost reached the store after all (a file rewritten with the
+        same bytes, uploaded before its close journaled it): the files are whole again."""
+        try:
+            await trio.to_thread.run_sync(self.journal.found_lost, chunk_hash,
+                                          limiter=self.journal_limiter)
+        except JournalError as e:
+            log.error("chunk %s is in the store again, and the journal cannot record it: "
+                      "%s", chunk_hash, e)
+            return
+        log.info("chunk %s, recorded as lost, is in the store now", chunk_hash)
 
     async def _mark_lost(self, chunk_hash: str, why: str) -> None:
         """Record (in the journal) and log the files that lost this chunk."""
