@@ -53,8 +53,11 @@ DEFAULT_GRACE = 24 * 3600.0
 #: publishes (docs/FORMAT.md, "Garbage collection")
 MIN_SAFE_GRACE = 3600.0
 assert MIN_SAFE_GRACE >= 2 * manifests.CONFIRM_WINDOW + RESTAMP_AFTER
-#: a gc/ scratch object older than this (store time) was left by a killed run: deleted
-SCRATCH_AGE = 3600.0
+#: no gc run is still at work on an object it touched this long ago (store time): a gc/
+#: clock probe older than this was left by a killed run (deleted), and only a fossil
+#: older than this beside a copy of its chunk in chunks/ is deleted as a duplicate (a
+#: younger one may be the copy of a move whose run has yet to delete the chunk)
+SETTLED_AFTER = 3600.0
 
 #: what one object came to (GcReport tallies)
 RESTORED, FREED, KEPT, FOSSILIZED, VANISHED, LOST = (
@@ -95,7 +98,8 @@ class GcReport:
     fossils: Tally = field(default_factory=Tally)       # fossils scanned
     restored: Tally = field(default_factory=Tally)      # referenced fossils back in chunks/
     freed: Tally = field(default_factory=Tally)         # old unreferenced fossils deleted
-    kept_fossils: Tally = field(default_factory=Tally)  # unreferenced fossils within grace
+    # unreferenced fossils within grace, and young copies of chunks in chunks/
+    kept_fossils: Tally = field(default_factory=Tally)
     chunks: Tally = field(default_factory=Tally)        # chunks scanned
     chunks_referenced: Tally = field(default_factory=Tally)
     fossilized: Tally = field(default_factory=Tally)    # old unreferenced chunks set aside
@@ -185,9 +189,9 @@ def store_time(store: Store) -> float:
 
 
 def _delete_scratch(store: Store, report: GcReport) -> None:
-    """Delete the clock probes that killed runs left (older than SCRATCH_AGE)."""
+    """Delete the clock probes that killed runs left (older than SETTLED_AFTER)."""
     for info in store.scan(GC):
-        if info.mtime <= report.store_time - SCRATCH_AGE:
+        if info.mtime <= report.store_time - SETTLED_AFTER:
             retrying(store.delete)(info.key)
             report.scratch_deleted += 1
 
@@ -279,16 +283,21 @@ def sweep(store: Store, refs: References, report: GcReport,
         info, h, referenced = item
         if report.dry_run:
             return RESTORED if referenced else FREED
-        return _restore(store, info, h) if referenced else _free(store, info, report.cutoff)
+        if referenced:
+            return _restore(store, info, h, report.store_time - SETTLED_AFTER)
+        return _free(store, info, report.cutoff)
 
     for (info, h, _), outcome in inspection.parallel_map(one, todo()):
         _count(report, outcome, info, h)
 
 
-def _restore(store: Store, fossil: ObjectInfo, h: str) -> str:
-    """Put a referenced fossil back in chunks/: if chunks/<h> is there already (uploaded
-    again by a writer, or restored by another run), only delete the fossil; otherwise
-    move it back (S3: copy, then delete the fossil)."""
+def _restore(store: Store, fossil: ObjectInfo, h: str, settled: float) -> str:
+    """Put a referenced fossil back in chunks/. If chunks/<h> is there already (uploaded
+    again by a writer, restored by another run, or not yet deleted by a run moving it to
+    fossils/), the fossil is a duplicate: deleted if its store time is at or before
+    `settled`, else kept for a later run (deleting the copy of a move in flight would
+    lose the chunk when that move deletes it). Otherwise it is moved back (S3: copy,
+    then delete the fossil)."""
     chunk_key = manifests.chunk_key(h)
     chunk = retrying(store.stat)(chunk_key)
     if chunk is not None and chunk.size == fossil.size:
@@ -296,6 +305,8 @@ def _restore(store: Store, fossil: ObjectInfo, h: str) -> str:
         # (a second of slack: a listing and a HEAD may give a time at different precisions)
         if now is None or now.mtime >= fossil.mtime + 1.0:
             return VANISHED  # restored, or set aside again, by another run meanwhile
+        if now.mtime > settled:
+            return KEPT
         retrying(store.delete)(fossil.key)
     else:
         try:

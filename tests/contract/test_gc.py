@@ -75,6 +75,14 @@ def collect(store: Store, grace: float = 0.0, **kw: object) -> GcReport:
     return gc.collect(store, grace, **kw)  # type: ignore[arg-type]
 
 
+def an_hour_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make gc runs from now on take the store's clock as more than SETTLED_AFTER ahead:
+    a fossil set aside beside a copy of its chunk is then settled, and deleted."""
+    real_store_time = gc.store_time
+    monkeypatch.setattr(gc, "store_time",
+                        lambda store: real_store_time(store) + gc.SETTLED_AFTER + 60.0)
+
+
 def files_of(store: Store) -> dict[str, bytes]:
     """Every file of the store as a reader reads it (fossils/ included)."""
     return {f.path: read_back(store, f.path, fossils=True)
@@ -123,10 +131,12 @@ def stored_bytes(names: set[str], store: Store, fossils: bool = False) -> int:
     return sum(store.head(key(h)) or 0 for h in names)
 
 
-def test_young_chunks_and_fossils_wait_for_the_grace(st: StoreUnderTest) -> None:
+def test_young_chunks_and_fossils_wait_for_the_grace(st: StoreUnderTest,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With a grace of an hour, a fresh unreferenced chunk is kept, and so is a fresh
     fossil; a fossil that a file needs is restored at once, young or not, and one whose
-    chunk a writer uploaded again is just deleted."""
+    chunk a writer uploaded again is deleted as a duplicate once it is settled (an hour
+    old: until then it may be the copy of a move still in flight)."""
     garbage = put_chunk(st.store, random_bytes(1000))
     needed = put_file(st.store, "a.bin", random_bytes(2 * CHUNK))
     st.store.rename(chunk_key(needed[0]), fossil_key(needed[0]))  # set aside, then named
@@ -136,10 +146,14 @@ def test_young_chunks_and_fossils_wait_for_the_grace(st: StoreUnderTest) -> None
 
     r = collect(st.store, 3600.0)
     assert (r.kept_chunks.count, r.chunks_referenced.count, r.fossilized.count) == (1, 2, 0)
-    assert (r.restored.count, r.kept_fossils.count, r.freed.count) == (2, 1, 0)
+    assert (r.restored.count, r.kept_fossils.count, r.freed.count) == (1, 2, 0)
     assert stored_names(st.store) == {garbage, *needed}
-    assert stored_names(st.store, manifests.FOSSILS) == {unneeded}
+    assert stored_names(st.store, manifests.FOSSILS) == {unneeded, needed[1]}
     assert read_back(st.store, "a.bin") == read_back(st.store, "a.bin", fossils=True)
+    an_hour_later(monkeypatch)
+    r = collect(st.store, 7200.0)
+    assert (r.restored.count, r.kept_fossils.count, r.freed.count) == (1, 1, 0)
+    assert stored_names(st.store, manifests.FOSSILS) == {unneeded}
 
 
 def test_old_enough_is_decided_by_the_store_clock(local: StoreUnderTest) -> None:
@@ -297,18 +311,21 @@ def crash_cases() -> Iterator[object]:
 
 @pytest.mark.parametrize(("kind", "point"), list(crash_cases()))
 def test_gc_killed_at_any_point_loses_nothing(kind: str, point: str,
-                                              request: pytest.FixtureRequest) -> None:
+                                              request: pytest.FixtureRequest,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """gc killed (SIGKILL) at each crash point: every file still reads (from chunks/ or,
-    as readers fall back, fossils/); then a complete run (grace 0) and a second one leave
-    every file readable from chunks/ alone, nothing set aside, and fsck --deep clean."""
+    as readers fall back, fossils/); then, an hour later (when the fossils beside copies
+    of their chunks are settled), a complete run (grace 0) and a second one leave every
+    file readable from chunks/ alone, nothing set aside, and fsck --deep clean."""
     st = make_st(kind, request)
     want = every_state(st.store)
     r = st.cli("gc", "--grace", "0", "--no-writers", env={**os.environ,
                                                          "CKPTFS_CRASH_AT": point})
     assert r.returncode == -9, (point, r.returncode, r.stdout, r.stderr)
     assert files_of(st.store) == want
+    an_hour_later(monkeypatch)
     for _ in range(2):
-        st.json("gc", "--grace", "0", "--no-writers")
+        collect(st.store)
     assert {p: read_back(st.store, p) for p in want} == want
     assert stored_names(st.store, manifests.FOSSILS) == set()
     fsck = inspection.fsck(st.store, deep=True)
@@ -354,7 +371,8 @@ def read_all(store: Store, paths: list[str]) -> dict[str, bytes]:
     return out
 
 
-def test_runs_at_once_lose_no_referenced_chunk(st: StoreUnderTest) -> None:
+def test_runs_at_once_lose_no_referenced_chunk(st: StoreUnderTest,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Four gc runs at once, three times over, on a store with every kind of object,
     that disagree: between the listings of the first run and of the other three, a file
     is published naming an old chunk that no file named (a writer that deduplicated
@@ -410,11 +428,38 @@ def test_runs_at_once_lose_no_referenced_chunk(st: StoreUnderTest) -> None:
         assert chunk_key(old) in first.renamed  # the first run set it aside: they disagreed
         assert [r.lost for r in reports] == [[]] * 4, [r.to_dict() for r in reports]
         assert files_of(st.store) == want
+    an_hour_later(monkeypatch)  # the fossils beside copies of their chunks are settled
     collect(st.store)
     collect(st.store)
     assert {p: read_back(st.store, p) for p in want} == want
     fsck = inspection.fsck(st.store, deep=True)
     assert fsck.clean and fsck.garbage_chunks == 0 and fsck.fossils == 0, fsck.to_dict()
+
+
+def test_a_young_fossil_beside_its_chunk_is_kept(st: StoreUnderTest,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that finds a referenced fossil beside a copy of its chunk keeps the fossil
+    while it is young: it may be the copy of another run's move (setting the chunk aside)
+    that has yet to delete the chunk. Deleting it as a duplicate then lost the chunk, both
+    copies gone, when four runs disagreed at once on GCS. Once the move deletes the chunk
+    readers find the fossil, and the next run restores it; a settled duplicate (an hour
+    old) is deleted."""
+    data = random_bytes(2 * CHUNK)
+    h, dup = put_file(st.store, "a.bin", data)
+    for name in (h, dup):
+        st.store.copy(chunk_key(name), fossil_key(name))  # a move between copy and delete
+    r = collect(st.store)
+    assert (r.restored.count, r.kept_fossils.count, r.lost) == (0, 2, [])
+    st.store.delete(chunk_key(h))  # the move of h goes on: it deletes the chunk
+    assert read_back(st.store, "a.bin", fossils=True) == data
+    r = collect(st.store)
+    assert (r.restored.count, r.kept_fossils.count) == (1, 1)
+    assert read_back(st.store, "a.bin") == data
+    an_hour_later(monkeypatch)
+    r = collect(st.store)
+    assert (r.restored.count, r.kept_fossils.count) == (1, 0)
+    assert stored_names(st.store, manifests.FOSSILS) == set()
+    assert read_back(st.store, "a.bin") == data
 
 
 # ---------------------------------------------------------------------------- (c) clocks
