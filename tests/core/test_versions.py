@@ -117,6 +117,8 @@ def test_a_close_does_not_wait_for_the_trash(tmp_path: Path) -> None:
             node = await fs.lookup(ROOT, "f")
             assert isinstance(node, FileNode)
             assert fs.publisher.pending_count == 1  # the keep_version op, held
+            while fs.uploader.pending_count():  # (a manifest may be published before its
+                await fs.uploader.wait_changed()  # chunks are in the store: write-back)
             assert read_back(store.inner, "f") == b"two"
             store.go.set()
             await fs.publisher.wait_empty()
