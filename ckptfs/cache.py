@@ -6,9 +6,14 @@ Layout (docs/ARCHITECTURE.md):
     <cache>/staging/<id>       bytes written on this node, one sparse file per file version
     <cache>/chunks/<h:2>/<h>   raw (decoded, verified) chunks fetched from the store
 
-Every chunk this node can read without the network is in `locate()`'s index: a region
-of a staging file, a read-cache file, or, for a raw chunk of a local-directory store, a
-region of the store's own object file, read in place once verified (`put_in_place`).
+Every chunk this node can read without the network is in `read()`'s index: a region of
+a staging file, a fetched chunk in memory (`put_in_memory`), a read-cache file, or, for a
+raw chunk of a local-directory store, a region of the store's own object file, read in
+place once verified (`put_in_place`). A fetched chunk is held in memory until it has been
+read once, all of it, and is then dropped, its buffer decoding the next one: a restore,
+which reads each chunk once, writes nothing to the cache disk and touches no fresh
+memory per chunk (the kernel's page cache of the mounted file serves a second reader).
+Only chunks pushed out of that bounded memory unread go to the read cache on disk.
 Read-cache files found at startup are served only once re-hashed (`verify_cached`): a
 bit flipped on the cache disk, or a file cut short by a crash, must never be read.
 Clean data (uploaded staging files, fetched chunks) is evicted least-recently-used first
@@ -91,12 +96,22 @@ class StagingFile:
     indexed: set[str] = field(default_factory=set)  # hashes readable from here (locate())
 
 
+@dataclass(eq=False)
+class Held:
+    """A fetched chunk in memory (LocalCache.put_in_memory)."""
+
+    data: codec.Buffer  # its verified raw bytes
+    buffer: bytearray | None  # the reusable memory under `data`, if any
+    unread: int  # bytes still to read before it is dropped
+
+
 class LocalCache:
     """Owns the files under the cache directory and the index of locally readable chunks."""
 
-    def __init__(self, root: str, limit_bytes: int) -> None:
+    def __init__(self, root: str, limit_bytes: int, memory_bytes: int = 0) -> None:
         self.root = root
         self.limit_bytes = limit_bytes
+        self.memory_limit = memory_bytes
         self.staging_dir = os.path.join(root, "staging")
         self.chunks_dir = os.path.join(root, "chunks")
         for d in (self.staging_dir, self.chunks_dir):
@@ -110,6 +125,12 @@ class LocalCache:
         self._cached: OrderedDict[str, int] = OrderedDict()
         # those found at startup and not yet re-hashed in this mount: never served
         self._unverified: set[str] = set()
+        # hash -> fetched chunks in memory, in LRU order; those being written to the read
+        # cache (pushed out unread) are in _spilling meanwhile
+        self._memory: OrderedDict[str, Held] = OrderedDict()
+        self.memory_bytes = 0
+        self._spilling: set[str] = set()
+        self._buffers: list[bytearray] = []  # of dropped chunks, for the next decodes
         # hash -> (object file of a local store, offset, file_identity when verified)
         self._in_place: dict[str, tuple[str, int, tuple[int, int, int, int]]] = {}
         self._clean_staging: OrderedDict[int, None] = OrderedDict()  # LRU of evictable ones
@@ -231,6 +252,26 @@ class LocalCache:
             log.warning("could not remove staging file %s: %s", st.path, e)
 
     # -- lookups -----------------------------------------------------------------------
+    def read(self, chunk_hash: str, offset: int, length: int) -> bytes | None:
+        """Up to `length` bytes at `offset` of the chunk's raw bytes, or None if this node
+        does not hold it (fetch it, then ask again). Short only past the chunk's end."""
+        with self._lock:
+            held = self._memory.get(chunk_hash)
+            if held is not None:
+                out = bytes(memoryview(held.data)[offset:offset + length])
+                held.unread -= len(out)
+                if held.unread <= 0 and chunk_hash not in self._spilling:
+                    self._drop_held(chunk_hash)
+                else:
+                    self._memory.move_to_end(chunk_hash)
+                self.hits += 1
+                return out
+        loc = self.locate(chunk_hash)
+        if loc is None:
+            return None
+        fd, base = loc
+        return os.pread(fd, length, base + offset)
+
     def locate(self, chunk_hash: str) -> tuple[int, int] | None:
         """(fd, offset) where the raw bytes of the chunk can be read, or None (also for a
         read-cache file not verified yet: see unverified())."""
@@ -282,6 +323,7 @@ class LocalCache:
         """Whether locate() can serve the chunk without I/O elsewhere."""
         with self._lock:
             return (chunk_hash in self._in_staging or chunk_hash in self._in_place
+                    or chunk_hash in self._memory
                     or (chunk_hash in self._cached and chunk_hash not in self._unverified))
 
     def unverified(self, chunk_hash: str) -> bool:
@@ -305,6 +347,59 @@ class LocalCache:
         with self._lock:
             self._cached[chunk_hash] = len(data)
             self._unverified.discard(chunk_hash)
+
+    def memory_buffer(self, size: int) -> bytearray:
+        """A buffer of at least `size` bytes to decode a chunk into for put_in_memory: one
+        of a dropped chunk if there is one (fresh memory costs page faults), else new."""
+        with self._lock:
+            for i, buf in enumerate(self._buffers):
+                if len(buf) >= size:
+                    return self._buffers.pop(i)
+        return bytearray(size)
+
+    def recycle(self, buf: bytearray) -> None:
+        """Give back a buffer from memory_buffer() that holds nothing any more."""
+        with self._lock:
+            if len(self._buffers) < 8:
+                self._buffers.append(buf)
+
+    def put_in_memory(self, chunk_hash: str, data: codec.Buffer,
+                      buffer: bytearray | None = None) -> None:
+        """Hold a verified chunk in memory until it has been read once (`data`, which
+        must not change, is a view of `buffer` when it came from memory_buffer()). While
+        more than memory_limit bytes are held, the least recently used ones are written
+        to the read cache (put_fetched). In a fetch thread."""
+        with self._lock:
+            if chunk_hash in self._memory:
+                if buffer is not None and len(self._buffers) < 8:
+                    self._buffers.append(buffer)
+                return
+            self._memory[chunk_hash] = Held(data, buffer, len(data))
+            self.memory_bytes += len(data)
+        while True:
+            with self._lock:
+                over = self.memory_bytes - sum(len(self._memory[h].data)
+                                               for h in self._spilling)
+                victim = next((h for h in self._memory if h not in self._spilling), None)
+                if over <= self.memory_limit or victim is None:
+                    return
+                self._spilling.add(victim)
+                held = self._memory[victim]
+            try:  # readers keep finding it in memory until it is on disk
+                self.put_fetched(victim, held.data)
+            except OSError as e:  # (cache disk full?) dropped: fetched again if read
+                log.debug("could not write chunk %s to the read cache: %s", victim, e)
+            finally:
+                with self._lock:
+                    self._spilling.discard(victim)
+                    self._drop_held(victim)
+
+    def _drop_held(self, chunk_hash: str) -> None:
+        """(with _lock held)"""
+        held = self._memory.pop(chunk_hash)
+        self.memory_bytes -= len(held.data)
+        if held.buffer is not None and len(self._buffers) < 8:
+            self._buffers.append(held.buffer)
 
     def verify_cached(self, chunk_hash: str) -> bool:
         """In a fetch thread: re-hash an unverified read-cache file. True: it holds the

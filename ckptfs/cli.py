@@ -73,6 +73,7 @@ def cmd_mount(a: argparse.Namespace) -> int:
     cfg = MountConfig(
         store=a.store, mountpoint=os.path.abspath(a.mountpoint), cache_dir=a.cache_dir or "",
         cache_size=parse_size(a.cache_size, "--cache-size"),
+        read_memory=parse_size(a.read_memory, "--read-memory"),
         endpoint_url=a.endpoint_url or default_endpoint(a.store), region=a.region,
         chunk_size=None if a.chunk_size is None else parse_size(a.chunk_size, "--chunk-size"),
         min_record=None if a.min_record is None else parse_size(a.min_record, "--min-record"),
@@ -226,6 +227,7 @@ def format_status(st: dict[str, Any]) -> str:
         f"ratios       compression {st['compression_ratio'] or '-'}   dedup "
         f"{st['dedup_ratio'] or '-'}   logical written {human(st['logical_bytes'])}",
         f"cache        {human(st['cache_bytes'])} of {human(st['cache_limit'])}"
+        f"   in memory {human(st.get('memory_bytes', 0))}"
         f"   fetched {human(st['fetched_bytes'])}   open files {st['open_files']}",
         f"state        {state_line(st)}",
     ]
@@ -1064,6 +1066,9 @@ def parser() -> argparse.ArgumentParser:
                    "~/.cache/ckptfs/<store hash>); put it on a fast local disk")
     m.add_argument("--cache-size", default="16G", help="bound of the cache directory; "
                    "writers wait when this much data is not yet uploaded (default 16G)")
+    m.add_argument("--read-memory", default="1G", help="fetched chunks are served from "
+                   "this much memory, and only those pushed out of it are written to the "
+                   "read cache on disk (default 1G; 0: every fetched chunk goes to disk)")
     m.add_argument("--endpoint-url", help=ENDPOINT_HELP)
     m.add_argument("--region", help="S3 region (default: the AWS config chain)")
     m.add_argument("--chunk-size", help="chunk size of a NEW store (default 16M): the "

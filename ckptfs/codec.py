@@ -189,6 +189,13 @@ def decoded(blob: Buffer, expected_hash: str | None = None) -> Iterator[Buffer]:
             _OUTPUTS.put(buf)
 
 
+def decode_into(blob: Buffer, expected_hash: str | None,
+                alloc: Callable[[int], bytearray]) -> Buffer:
+    """decode_chunk() into memory from `alloc(size)` (called at most once; not for a raw
+    chunk, which comes back as a view into `blob`)."""
+    return _decode(blob, expected_hash, alloc)
+
+
 def is_raw(blob: Buffer) -> bool:
     """Whether an encoded chunk is stored raw (its payload is its bytes)."""
     return len(blob) > 4 and blob[4] == CODEC_RAW

@@ -109,6 +109,7 @@ class MountConfig:
     mountpoint: str
     cache_dir: str = ""
     cache_size: int = 16 << 30  # disk: staging + read cache; dirty data above it blocks writers
+    read_memory: int = 1 << 30  # memory: fetched chunks served from RAM before the read cache
     endpoint_url: str | None = None
     region: str | None = None
     chunk_size: int | None = None  # --chunk-size: for a new store (None: 16 MiB)

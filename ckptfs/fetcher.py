@@ -63,15 +63,13 @@ class Fetcher:
             task_status.started()
             await trio.sleep_forever()
 
-    async def locate(self, chunk_hash: str) -> tuple[int, int]:
-        """(fd, offset) of the chunk's raw bytes on local disk, fetching it if needed.
-
-        Use the location before the next checkpoint (await): eviction may close the fd.
-        """
+    async def read(self, chunk_hash: str, offset: int, length: int) -> bytes:
+        """Up to `length` bytes at `offset` of the chunk's raw bytes (short only past its
+        end), fetching the chunk first if this node does not hold it."""
         while True:
-            loc = self.cache.locate(chunk_hash)
-            if loc is not None:
-                return loc
+            data = self.cache.read(chunk_hash, offset, length)
+            if data is not None:
+                return data
             await self._fetch(chunk_hash)
 
     def prefetch_nowait(self, chunk_hashes: list[str]) -> None:
@@ -173,6 +171,22 @@ class Fetcher:
         before = file_identity(path) if path is not None else None
         blob = self.store.get(key)
         try:
+            if self.cache.memory_limit and not (path is not None and codec.is_raw(blob)):
+                # served from memory: decoded into a reused buffer (a raw chunk: the GET's)
+                taken: list[bytearray] = []
+
+                def take(size: int) -> bytearray:
+                    taken.append(self.cache.memory_buffer(size))
+                    return taken[-1]
+
+                try:
+                    data = codec.decode_into(blob, chunk_hash, take)
+                except BaseException:
+                    for buf in taken:
+                        self.cache.recycle(buf)
+                    raise
+                self.cache.put_in_memory(chunk_hash, data, taken[0] if taken else None)
+                return len(data)
             with codec.decoded(blob, chunk_hash) as data:
                 if (path is not None and before is not None and codec.is_raw(blob)
                         and file_identity(path) == before):

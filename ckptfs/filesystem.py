@@ -108,6 +108,7 @@ class MountStatistics:
     dedup_ratio: float | None
     cache_bytes: int
     cache_limit: int
+    memory_bytes: int  # fetched chunks held in memory (--read-memory)
     upload_rate: int
     eta_seconds: float | None
     pending_chunks: int
@@ -573,8 +574,13 @@ class CheckpointFS:
                 await self._truncate(node, 0)
         fh = self._open_handle(node, writable)
         m = node.manifest
+        # (not again for an open that keeps the kernel's page cache of the version it
+        # prefetched: a fetched chunk is dropped from memory once read, and the page
+        # cache serves a second reader; what it no longer holds is fetched on demand)
         if (not writable and node.buffer is None and m is not None
-                and m.size <= self.opt.prefetch_whole_file_max):
+                and m.size <= self.opt.prefetch_whole_file_max
+                and not (keep_cache and node.prefetched is m)):
+            node.prefetched = m
             self.fetcher.prefetch_nowait([h for h, _ in m.chunks])
         return fh, keep_cache
 
@@ -673,10 +679,10 @@ class CheckpointFS:
 
     # ===================================================================== write path
     async def _new_buffer(self, node: FileNode, base: Manifest | None) -> WriteBuffer:
-        async def locate(chunk_hash: str) -> tuple[int, int]:
-            return await self._locate_for(node, chunk_hash)
+        async def read_chunk(chunk_hash: str, offset: int, length: int) -> bytes:
+            return await self._read_chunk(node, chunk_hash, offset, length)
 
-        return await WriteBuffer.create(self.cache, self.new_cutter, self.uploader, locate,
+        return await WriteBuffer.create(self.cache, self.new_cutter, self.uploader, read_chunk,
                                         node.lock, self._hash_limiter, base)
 
     async def _buffer(self, node: FileNode) -> WriteBuffer:
@@ -772,17 +778,17 @@ class CheckpointFS:
             chunk_hash, _ = m.chunks[i]
             lo = max(offset, offsets[i])
             hi = min(end, offsets[i + 1])
-            fd, base = await self._locate_for(node, chunk_hash)
-            part = os.pread(fd, hi - lo, base + lo - offsets[i])
+            part = await self._read_chunk(node, chunk_hash, lo - offsets[i], hi - lo)
             if len(part) != hi - lo:  # the chunk is shorter than its manifest says
                 raise CorruptChunkError(f"chunk {chunk_hash} of {node.path} is truncated")
             parts.append(part)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _locate_for(self, node: FileNode, chunk_hash: str) -> tuple[int, int]:
-        """fetcher.locate, with the one log line that names the file and its writer."""
+    async def _read_chunk(self, node: FileNode, chunk_hash: str, offset: int,
+                          length: int) -> bytes:
+        """fetcher.read, with the one log line that names the file and its writer."""
         try:
-            return await self.fetcher.locate(chunk_hash)
+            return await self.fetcher.read(chunk_hash, offset, length)
         except (MissingChunkError, CorruptChunkError) as e:
             writer = node.manifest.writer if node.manifest else ""
             log.error("read of %s failed: %s (written by node %s)", node.path, e,
@@ -833,6 +839,7 @@ class CheckpointFS:
             if up.uploaded_bytes else None,
             cache_bytes=self.cache.used_bytes,
             cache_limit=self.cache.limit_bytes,
+            memory_bytes=self.cache.memory_bytes,
             upload_rate=round(rate),
             eta_seconds=round(dirty / rate, 1) if rate > 0 else None,
             pending_chunks=self.uploader.pending_count(),

@@ -216,7 +216,7 @@ def prepare(cfg: MountConfig) -> Prepared:
             f"the journal in {cfg.cache_dir} lost committed state ({damage}); the mount "
             f"checks the files this node wrote against the store, and is not durable "
             f"until that is done (ckptfs status)")))
-    cache = LocalCache(cfg.cache_dir, cfg.cache_size)
+    cache = LocalCache(cfg.cache_dir, cfg.cache_size, cfg.read_memory)
     cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=damage is not None)
     return Prepared(cfg, store, info, journal, cache, lock_fd, notices)
 

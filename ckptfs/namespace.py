@@ -107,6 +107,7 @@ class FileNode(Node):
     opens: int = 0
     publish_error: str | None = None  # why the last publish at release failed
     damaged: str | None = None  # why its manifest in the store is damaged (listing.py)
+    prefetched: Manifest | None = None  # the version an open prefetched whole, if any
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property

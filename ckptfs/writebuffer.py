@@ -42,7 +42,8 @@ from .manifests import Manifest
 from .uploader import Uploader, UploadJob
 
 #: (fd, offset) where a stored chunk's raw bytes can be read locally, fetching it if needed
-Locate = Callable[[str], Awaitable[tuple[int, int]]]
+#: read_chunk(hash, offset, length): bytes of a stored chunk (fetched first if need be)
+ReadChunk = Callable[[str, int, int], Awaitable[bytes]]
 #: a new cutter of the store's kind (formats.new_cutter with the store's settings)
 NewCutter = Callable[[], Cutter]
 
@@ -67,13 +68,14 @@ class WriteBuffer:
     """One unpublished version of one file (see the module docstring)."""
 
     def __init__(self, cache: LocalCache, new_cutter: NewCutter, uploader: Uploader,
-                 locate: Locate, lock: trio.Lock, hash_limiter: trio.CapacityLimiter
+                 read_chunk: ReadChunk, lock: trio.Lock,
+                 hash_limiter: trio.CapacityLimiter
                  ) -> None:
         """An empty version; see create() for one based on a published version."""
         self.cache = cache
         self.new_cutter = new_cutter
         self.uploader = uploader
-        self.locate = locate
+        self.read_chunk = read_chunk
         self.lock = lock  # the file's lock: eviction waits while a write holds it
         self.hash_limiter = hash_limiter
         self.staging: StagingFile = cache.new_staging()
@@ -101,10 +103,11 @@ class WriteBuffer:
 
     @classmethod
     async def create(cls, cache: LocalCache, new_cutter: NewCutter, uploader: Uploader,
-                     locate: Locate, lock: trio.Lock, hash_limiter: trio.CapacityLimiter,
+                     read_chunk: ReadChunk, lock: trio.Lock,
+                     hash_limiter: trio.CapacityLimiter,
                      base: Manifest | None) -> WriteBuffer:
         """A version that starts as `base` (None: empty), sharing its chunks."""
-        buf = cls(cache, new_cutter, uploader, locate, lock, hash_limiter)
+        buf = cls(cache, new_cutter, uploader, read_chunk, lock, hash_limiter)
         if base is None or base.is_symlink or base.size == 0:
             return buf
         os.ftruncate(buf.staging.fd, base.size)
@@ -235,8 +238,7 @@ class WriteBuffer:
 
     async def _copy_in(self, chunk_hash: str, length: int, offset: int) -> None:
         """Copy-on-write: a stored chunk's bytes into the staging file at `offset`."""
-        fd, off = await self.locate(chunk_hash)
-        os.pwrite(self.staging.fd, os.pread(fd, length, off), offset)
+        os.pwrite(self.staging.fd, await self.read_chunk(chunk_hash, 0, length), offset)
 
     def _mark_written(self, index: int) -> None:
         """Chunk `index` was (or will now be) modified in the staging file."""
@@ -325,8 +327,7 @@ class WriteBuffer:
             if self.is_local(i):
                 parts.append(os.pread(self.staging.fd, upto - pos, pos))
             else:
-                fd, base = await self.locate(self.remote[i][0])
-                parts.append(os.pread(fd, upto - pos, base + pos - start))
+                parts.append(await self.read_chunk(self.remote[i][0], pos - start, upto - pos))
             pos = upto
         return b"".join(parts)
 

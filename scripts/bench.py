@@ -8,12 +8,22 @@ Targets (A B C ... interleaved, medians of --runs):
   ck-gs   ckptfs on GCS: fake-gcs-server (started here on 127.0.0.1)
   az://container/prefix, gs://bucket/prefix, s3://bucket/prefix
           ckptfs on that store, with the environment's credentials and endpoint
-  trivial scripts/trivialfs.py: the floor of any pyfuse3 file system (save only)
+  trivial scripts/trivialfs.py: the floor of any pyfuse3 file system (save, and cold
+          load of what it saved)
   raw-s3  the object-store ceiling: the same file PUT/GET with boto3, 8 threads, 16 MiB parts
+  juicefs, rclone, s3fs
+          peers on the same SeaweedFS (scripts/bench_peers.py; JuiceFS --writeback, rclone
+          --vfs-cache-mode writes, s3fs): .venv/bin/pip install -e '.[bench]', apt-get
+          install s3fs
 
-Per target: save stall (until torch.save returns), time to durable (save + umount, or
-save + fsync for local, or the PUT for raw), cold load (fresh cache / after the PUT), bytes
-stored, daemon peak RSS. Run as root (drops the page cache before cold loads).
+The state dict is an optimizer checkpoint: per parameter, 16 MiB fp32 tensors of its
+weights, Adam's two moments and a frozen copy (64 tensors per GiB). As a training loop
+does, it is saved into a directory made just before (step-1/), right after the mount
+comes up. Per target: save stall (until torch.save returns), time to durable (save +
+umount, or save + fsync for local, or the PUT for raw), cold load (page cache dropped;
+for ckptfs timed from the command that mounts a new, empty cache on: a node's restore
+includes its mount; for raw, the GET), bytes stored, daemon peak RSS. Run as root (drops
+the page cache before cold loads).
 
 Every timed save starts from the same state: page cache dropped, then 2 s idle. On a VM
 that hands free memory back to its host (this one does: virtio-balloon free page
@@ -23,6 +33,8 @@ target that runs right after a cache drop wins.
 
     .venv/bin/python scripts/bench.py --gib 1 --runs 3
     .venv/bin/python scripts/bench.py --targets local,ck-s3,ck-az,ck-gs
+    .venv/bin/python scripts/bench.py --runs 5 --targets \
+        local,trivial,raw-s3,ck-s3,ck-s3:--uploads-while-writing=0,juicefs,rclone,s3fs
     git worktree add /tmp/before HEAD~1   # a change measured before/after, interleaved:
     .venv/bin/python scripts/bench.py --targets local,ck-dir@/tmp/before,ck-dir
 """
@@ -30,6 +42,7 @@ target that runs right after a cache drop wins.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -39,12 +52,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 from azurite import AzuriteServer  # noqa: E402
+from bench_peers import PEERS, missing_peers  # noqa: E402
 from fakegcs import FakeGcsServer  # noqa: E402
 from seaweed import SeaweedServer  # noqa: E402
 
@@ -53,10 +68,25 @@ from ckptfs.store import open_store  # noqa: E402
 CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
 
 
-def state_dict(gib: float) -> dict[str, torch.Tensor]:
+def state_dict(gib: float) -> dict[str, object]:
+    """An optimizer checkpoint of `gib` GiB in 16 MiB fp32 tensors, four per parameter:
+    its weights, Adam's two moments (small values; the second one positive), and a
+    frozen copy (a base model's weights, other random values)."""
     torch.manual_seed(0)
-    n = max(1, int(gib * 1024 / 64))  # 64 MiB tensors
-    return {f"t{i}": torch.randn(16 * 1024 * 1024) for i in range(n)}
+    n = max(1, round(gib * 1024 / 64))  # parameters: 4 tensors of 16 MiB each
+    numel = 4 * 1024 * 1024
+    weights = {f"layer{i}.weight": torch.randn(numel) for i in range(n)}
+    return {
+        "model": weights,
+        "optimizer": {"state": {i: {"step": torch.tensor(1000.0),
+                                    "exp_avg": torch.randn(numel) * 1e-3,
+                                    "exp_avg_sq": torch.randn(numel).square() * 1e-6}
+                                for i in range(n)},
+                      "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999),
+                                        "params": list(range(n))}]},
+        "frozen": {f"base.layer{i}.weight": torch.randn(numel) for i in range(n)},
+        "step": 1000,
+    }
 
 
 def drop_caches() -> None:
@@ -94,60 +124,73 @@ def run(*args: str, tree: str | None = None) -> str:
     return r.stdout
 
 
-def bench_local(work: Path, state: dict[str, torch.Tensor], settled: bool) -> dict[str, float]:
+def save_into(root: Path, state: dict[str, object]) -> tuple[Path, float]:
+    """mkdir root/step-1 and torch.save into it, as a training loop does: (the file, the
+    seconds torch.save took)."""
+    (root / "step-1").mkdir()
+    path = root / "step-1" / "ckpt.pt"
+    t0 = time.perf_counter()
+    torch.save(state, path)
+    return path, time.perf_counter() - t0
+
+
+def bench_local(work: Path, state: dict[str, object], settled: bool) -> dict[str, float]:
     d = work / "local"
     d.mkdir(exist_ok=True)
     if settled:
         settle()
     t0 = time.perf_counter()
-    torch.save(state, d / "ckpt.pt")
-    save = time.perf_counter() - t0
-    fd = os.open(d / "ckpt.pt", os.O_RDONLY)
+    path, save = save_into(d, state)
+    fd = os.open(path, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
     durable = time.perf_counter() - t0
     drop_caches()
     t1 = time.perf_counter()
-    torch.load(d / "ckpt.pt")
+    torch.load(path)
     load = time.perf_counter() - t1
-    size = (d / "ckpt.pt").stat().st_size
+    size = path.stat().st_size
     shutil.rmtree(d)
     return {"save": save, "durable": durable, "load": load, "stored": size, "rss": 0}
 
 
-def bench_ckptfs(work: Path, state: dict[str, torch.Tensor], store: str, extra: list[str],
+def bench_ckptfs(work: Path, state: dict[str, object], store: str, extra: list[str],
                  stored_bytes: Callable[[], int], settled: bool, tree: str | None = None
                  ) -> dict[str, float]:
+    """Save right after the mount comes up, into a directory made just before; durable
+    when `ckptfs umount` returns; cold load timed from the new mount's command on (a
+    node's restore includes its mount)."""
     mnt, mnt2 = work / "mnt", work / "mnt2"
     cache, cache2 = work / "cache", work / "cache2"
     for p in (cache, cache2):
         shutil.rmtree(p, ignore_errors=True)
     mnt.mkdir(exist_ok=True)
     mnt2.mkdir(exist_ok=True)
-    run("mount", store, str(mnt), "--cache-dir", str(cache), *extra, tree=tree)
-    import json
-    pid = json.loads(run("status", str(mnt), "--json", tree=tree))["pid"]
     if settled:
         settle()
+    run("mount", store, str(mnt), "--cache-dir", str(cache), *extra, tree=tree)
     t0 = time.perf_counter()
-    torch.save(state, mnt / "ckpt.pt")
-    save = time.perf_counter() - t0
+    path, save = save_into(mnt, state)
+    pid = status(mnt, tree)["pid"]
     rss = peak_rss(pid)
     run("umount", str(mnt), tree=tree)
     durable = time.perf_counter() - t0
     drop_caches()
-    run("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra, tree=tree)
     t1 = time.perf_counter()
-    torch.load(mnt2 / "ckpt.pt")
+    run("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra, tree=tree)
+    torch.load(mnt2 / path.relative_to(mnt))
     load = time.perf_counter() - t1
-    pid2 = json.loads(run("status", str(mnt2), "--json", tree=tree))["pid"]
-    rss = max(rss, peak_rss(pid2))
-    os.unlink(mnt2 / "ckpt.pt")
+    rss = max(rss, peak_rss(status(mnt2, tree)["pid"]))
+    shutil.rmtree(mnt2 / "step-1")
     run("umount", str(mnt2), tree=tree)
     stored = stored_bytes()
     for p in (cache, cache2):
         shutil.rmtree(p, ignore_errors=True)
     return {"save": save, "durable": durable, "load": load, "stored": stored, "rss": rss}
+
+
+def status(mnt: Path, tree: str | None) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(run("status", str(mnt), "--json", tree=tree)))
 
 
 def url_bytes(url: str, extra: list[str]) -> Callable[[], int]:
@@ -164,30 +207,38 @@ def url_bytes(url: str, extra: list[str]) -> Callable[[], int]:
     return count
 
 
-def bench_trivial(work: Path, state: dict[str, torch.Tensor], settled: bool
+def bench_trivial(work: Path, state: dict[str, object], settled: bool
                   ) -> dict[str, float]:
-    """torch.save through a pyfuse3 file system that only passes writes to a local file."""
+    """The floors of any pyfuse3 file system here: torch.save through one that only passes
+    writes to a local file, and the cold torch.load of that file through it (page cache
+    dropped; the mount's read-ahead raised as ckptfs raises its own)."""
     from bench_fuse_floor import start_trivial
+
+    from ckptfs.mount import tune_readahead
 
     mnt, backing = work / "trivial", work / "trivial-backing"
     mnt.mkdir()
     proc = start_trivial(mnt, backing)
     try:
+        tune_readahead(str(mnt))
         if settled:
             settle()
         t0 = time.perf_counter()
-        torch.save(state, mnt / "ckpt.pt")
+        torch.save(state, mnt / "ckpt.pt")  # (a flat file system: no step-1/)
         save = time.perf_counter() - t0
+        drop_caches()
+        t1 = time.perf_counter()
+        torch.load(mnt / "ckpt.pt")
+        load = time.perf_counter() - t1
     finally:
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
         proc.wait(10)
         shutil.rmtree(backing, ignore_errors=True)
         mnt.rmdir()
-    nan = float("nan")
-    return {"save": save, "durable": nan, "load": nan, "stored": 0, "rss": 0}
+    return {"save": save, "durable": float("nan"), "load": load, "stored": 0, "rss": 0}
 
 
-def bench_raw(work: Path, state: dict[str, torch.Tensor], client: object, bucket: str
+def bench_raw(work: Path, state: dict[str, object], client: object, bucket: str
               ) -> dict[str, float]:
     from boto3.s3.transfer import TransferConfig
 
@@ -230,8 +281,17 @@ def main() -> int:
                          "one is (default: no cap, loopback speed)")
     a = ap.parse_args()
     settled = not a.no_settle
-    work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
     targets = a.targets.split(",")
+    known = {"local", "trivial", "raw-s3", "ck-dir", "ck-s3", "ck-az", "ck-gs", *PEERS}
+    unknown = [t for t in targets if "://" not in t
+               and t.partition(":")[0].partition("@")[0] not in known]
+    if unknown:
+        ap.error(f"unknown target {unknown[0]!r} (one of {', '.join(sorted(known))}, or a "
+                 f"store URL)")
+    missing = missing_peers([t for t in targets if t in PEERS])
+    if missing:
+        ap.exit(2, "".join(f"bench.py: {m}\n" for m in missing))
+    work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
     state = state_dict(a.gib)
     server = SeaweedServer(work / "weed")
     os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
@@ -278,6 +338,9 @@ def main() -> int:
                                      url_bytes(url, store_extra), settled, tree or None)
                 elif kind == "local":
                     r = bench_local(work, state, settled)
+                elif kind in PEERS:
+                    r = PEERS[kind](work, state, server, settle if settled else lambda: None,
+                                    drop_caches)
                 elif kind == "trivial":
                     r = bench_trivial(work, state, settled)
                 elif kind == "ck-dir":
@@ -296,7 +359,7 @@ def main() -> int:
                     r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
                                      ["--endpoint-url", s3_endpoint, *extra], s3_bytes,
                                      settled, tree or None)
-                else:
+                else:  # raw-s3
                     r = bench_raw(work, state, client, bucket)
                 results[t].append(r)
                 print(f"run {i + 1} {t:14s} " + " ".join(
@@ -325,12 +388,19 @@ def main() -> int:
         print(f"{t:{width}s} {med(t, 'save'):8.2f} {med(t, 'durable'):10.2f} "
               f"{med(t, 'load'):12.2f} {med(t, 'stored') / 2**20:11.0f} "
               f"{max(r['rss'] for r in results[t]) / 2**20:15.0f}")
+    def ratio(t: str, k: str, base: str, what: str) -> str | None:
+        return f"{med(t, k) / med(base, k):.2f}x {what}" if base in targets else None
+
     for t in targets:
-        if (t.startswith("ck-") or t == "trivial") and "local" in targets:
-            print(f"{t}: save stall {med(t, 'save') / med('local', 'save'):.2f}x local")
-        if t.startswith("ck-s3") and "raw-s3" in targets:
-            print(f"{t}: durable {med(t, 'durable') / med('raw-s3', 'durable'):.2f}x raw PUT, "
-                  f"cold load {med(t, 'load') / med('raw-s3', 'load'):.2f}x raw GET+load")
+        if not (t.startswith("ck-") or "://" in t or t in PEERS):
+            continue
+        s3 = t.startswith("ck-s3") or t in PEERS
+        said = [ratio(t, "save", "trivial", "the save floor (trivial)"),
+                ratio(t, "load", "trivial", "the read floor (trivial)"),
+                *((ratio(t, "durable", "raw-s3", "raw PUT (durable)"),
+                   ratio(t, "load", "raw-s3", "raw GET+load"),
+                   ratio(t, "load", "s3fs", "s3fs (cold load)")) if s3 else ())]
+        print(f"{t}: " + ", ".join(x for x in said if x is not None))
     return 0
 
 

@@ -943,7 +943,9 @@ def test_damaged_read_cache_is_fetched_again_after_a_remount(
     data = b"".join(blocks) + b"tail"
     (a / "model.bin").write_bytes(data)
     a.umount()
-    b = nodes.mount(url, tmp_path, "b", *extra)
+    # (with --read-memory 0 every fetched chunk goes to the read cache on disk; by
+    # default a chunk read once is dropped from memory, and never written there)
+    b = nodes.mount(url, tmp_path, "b", *extra, "--read-memory", "0")
     assert (b / "model.bin").read_bytes() == data  # fills b's read cache
     b.umount()
     from ckptfs.codec import chunk_hash

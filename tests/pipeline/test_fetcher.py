@@ -35,8 +35,7 @@ async def with_fetcher(store: FaultyStore, cache: LocalCache,
 
 
 async def read_chunk(f: Fetcher, h: str, length: int) -> bytes:
-    fd, offset = await f.locate(h)
-    return os.pread(fd, length, offset)
+    return await f.read(h, 0, length)
 
 
 def test_fetcher_reads_raw_chunks_of_a_local_store_in_place(
@@ -60,7 +59,7 @@ def test_fetcher_reads_raw_chunks_of_a_local_store_in_place(
         assert await read_chunk(f, h_raw, len(raw)) == raw
         assert await read_chunk(f, h_lz4, len(compressible)) == compressible
         assert cached_files() == [h_lz4]  # the raw chunk was not copied
-        fd, offset = await f.locate(h_raw)
+        fd, offset = cache.locate(h_raw)  # type: ignore[misc]
         assert offset == codec.HEADER_SIZE and os.fstat(fd).st_ino == obj.stat().st_ino
         # changed in place (same file, same size): never served; fetched again, and the
         # new bytes fail verification
@@ -165,7 +164,7 @@ def test_fetcher_missing_chunk_times_out(store: RecordingStore, cache: LocalCach
     async def body(f: Fetcher) -> None:
         start = time.monotonic()
         with pytest.raises(MissingChunkError, match="not in the store"):
-            await f.locate(h)
+            await f.read(h, 0, 1)
         elapsed = time.monotonic() - start
         # the whole missing_timeout, and then gives up (the upper bound is for a loaded
         # machine: what it rules out is a wait without end)
@@ -203,7 +202,7 @@ def test_fetcher_permanent_error_is_missing_at_once(store: RecordingStore,
     async def body(f: Fetcher) -> None:
         start = time.monotonic()
         with pytest.raises(MissingChunkError, match="access denied"):
-            await f.locate(h)
+            await f.read(h, 0, 1)
         assert time.monotonic() - start < 20  # at once: not after the 60 s wait
         assert store.counts["get"] == 1
         assert await read_chunk(f, h, 300) == b"abc" * 100
@@ -302,7 +301,7 @@ def test_fetcher_survives_failed_prefetch(store: RecordingStore, cache: LocalCac
         await wait_until_async(lambda: f.statistics().inflight == 0)
         await trio.sleep(0.01)
         with pytest.raises(OSError):  # a read reports the error to its caller
-            await f.locate(h)
+            await f.read(h, 0, 1)
         monkeypatch.setattr(cache, "put_fetched", real_put)
         assert await read_chunk(f, h, len(data)) == data  # and the fetcher still works
 
@@ -356,3 +355,75 @@ def test_without_the_fallback_a_fossil_is_a_missing_chunk(
             await read_chunk(f, h, len(data))
 
     run(lambda: with_fetcher(store, cache, body, missing_timeout=0.3))
+
+
+def test_fetched_chunks_are_served_from_memory_until_read_once(
+        store: RecordingStore, tmp_path: Path) -> None:
+    """With a memory bound, a fetched chunk is decoded, verified and served from memory,
+    and dropped once all of it has been read, its buffer decoding the next chunk: nothing
+    goes to the read cache on disk. Chunks pushed out of memory unread (prefetched ahead
+    of a slow reader, least recently used first) go to the read cache and still read
+    byte for byte, with no second GET. A chunk whose bytes do not match its name is never
+    held."""
+    data = [b"layer.%d.weight " % i * 4 * KiB for i in range(4)]  # compressible: decoded
+    size = len(data[0])
+    hashes = [codec.chunk_hash(d) for d in data]
+    for h, d in zip(hashes, data, strict=True):
+        store.inner.put(chunk_key(h), codec.encode_chunk(d, "zstd4")[0])
+    cache = LocalCache(str(tmp_path / "cache"), limit_bytes=1 << 30, memory_bytes=2 * size)
+
+    def on_disk() -> set[str]:
+        return {p.name for p in Path(cache.chunks_dir).rglob("*") if p.is_file()}
+
+    async def body(f: Fetcher) -> None:
+        assert await f.read(hashes[0], 0, 10) == data[0][:10]
+        assert cache.memory_bytes == size and cache.has(hashes[0])
+        assert await f.read(hashes[0], 10, size) == data[0][10:]  # (short: its end)
+        assert cache.memory_bytes == 0 and not cache.has(hashes[0]) and on_disk() == set()
+        assert len(cache._buffers) == 1  # its buffer, for the next decode
+        f.prefetch_nowait(hashes[1:])  # three unread chunks, room for two
+        await wait_until_async(lambda: f.statistics().inflight == 0)
+        assert cache.memory_bytes == 2 * size and len(on_disk()) == 1
+        # the buffer was reused (taken, and only the spilled chunk's given back)
+        assert len(cache._buffers) == 1
+        for h, d in zip(hashes[1:], data[1:], strict=True):
+            assert cache.has(h) and await read_chunk(f, h, len(d)) == d
+        assert cache.memory_bytes == 0 and store.counts["get"] == 4
+        bad = codec.chunk_hash(random_bytes(KiB))
+        store.inner.put(chunk_key(bad), codec.encode_chunk(b"x" * 4 * KiB)[0])
+        with pytest.raises(CorruptChunkError):
+            await f.read(bad, 0, 1)
+        assert not cache.has(bad) and cache.memory_bytes == 0
+
+    try:
+        run(lambda: with_fetcher(store, cache, body, missing_timeout=60.0))
+    finally:
+        cache.close()
+
+
+def test_a_chunk_that_cannot_be_spilled_is_fetched_again(
+        store: RecordingStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk pushed out of memory unread when the read cache's disk is full is dropped
+    (it is clean), not an error: the fetch that needed room succeeds, and the dropped
+    chunk is fetched again when it is read."""
+    data = [b"rank-%03d" % i * KiB for i in range(2)]  # 8 KiB each, compressible
+    hashes = [put_chunk(store, d) for d in data]
+    cache = LocalCache(str(tmp_path / "cache"), limit_bytes=1 << 30, memory_bytes=8 * KiB)
+
+    def disk_full(chunk_hash: str, data: codec.Buffer) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def body(f: Fetcher) -> None:
+        monkeypatch.setattr(cache, "put_fetched", disk_full)
+        for h in hashes:  # unread: the first is pushed out by the second
+            f.prefetch_nowait([h])
+            await wait_until_async(lambda: f.statistics().inflight == 0)
+        assert cache.has(hashes[1]) and not cache.has(hashes[0])
+        assert await read_chunk(f, hashes[1], 8 * KiB) == data[1]
+        assert await read_chunk(f, hashes[0], 8 * KiB) == data[0]
+        assert store.counts["get"] == 3
+
+    try:
+        run(lambda: with_fetcher(store, cache, body))
+    finally:
+        cache.close()
