@@ -357,11 +357,15 @@ class LocalCache:
                     return self._buffers.pop(i)
         return bytearray(size)
 
-    def recycle(self, buf: bytearray) -> None:
+    def recycle(self, buf: bytearray | None) -> None:
         """Give back a buffer from memory_buffer() that holds nothing any more."""
         with self._lock:
-            if len(self._buffers) < 8:
-                self._buffers.append(buf)
+            self._give_back(buf)
+
+    def _give_back(self, buf: bytearray | None) -> None:
+        """(with _lock held) keep at most 8 buffers for the next decodes"""
+        if buf is not None and len(self._buffers) < 8:
+            self._buffers.append(buf)
 
     def put_in_memory(self, chunk_hash: str, data: codec.Buffer,
                       buffer: bytearray | None = None) -> None:
@@ -371,8 +375,7 @@ class LocalCache:
         to the read cache (put_fetched). In a fetch thread."""
         with self._lock:
             if chunk_hash in self._memory:
-                if buffer is not None and len(self._buffers) < 8:
-                    self._buffers.append(buffer)
+                self._give_back(buffer)
                 return
             self._memory[chunk_hash] = Held(data, buffer, len(data))
             self.memory_bytes += len(data)
@@ -398,8 +401,7 @@ class LocalCache:
         """(with _lock held)"""
         held = self._memory.pop(chunk_hash)
         self.memory_bytes -= len(held.data)
-        if held.buffer is not None and len(self._buffers) < 8:
-            self._buffers.append(held.buffer)
+        self._give_back(held.buffer)
 
     def verify_cached(self, chunk_hash: str) -> bool:
         """In a fetch thread: re-hash an unverified read-cache file. True: it holds the
