@@ -60,9 +60,9 @@ def pread_scratch(fd: int, length: int, offset: int) -> memoryview:
     Fresh memory is the expensive part of moving gigabytes (page faults, and on VMs a
     fault in the host too), so the threads that hash and upload chunks reuse one buffer.
     """
-    buf: bytearray | None = getattr(_scratch, "buf", None)
+    buf: memoryview | None = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < length:
-        buf = _scratch.buf = bytearray(length)
+        buf = _scratch.buf = codec.new_buffer(length)
     view = memoryview(buf)[:length]
     return view[:os.preadv(fd, [view], offset)]
 
@@ -101,7 +101,7 @@ class Held:
     """A fetched chunk in memory (LocalCache.put_in_memory)."""
 
     data: codec.Buffer  # its verified raw bytes
-    buffer: bytearray | None  # the reusable memory under `data`, if any
+    buffer: codec.WritableBuffer | None  # the reusable memory under `data`, if any
     unread: int  # bytes still to read before it is dropped
 
 
@@ -130,7 +130,7 @@ class LocalCache:
         self._memory: OrderedDict[str, Held] = OrderedDict()
         self.memory_bytes = 0
         self._spilling: set[str] = set()
-        self._buffers: list[bytearray] = []  # of dropped chunks, for the next decodes
+        self._buffers: list[codec.WritableBuffer] = []  # of dropped chunks, for the next decodes
         # hash -> (object file of a local store, offset, file_identity when verified)
         self._in_place: dict[str, tuple[str, int, tuple[int, int, int, int]]] = {}
         self._clean_staging: OrderedDict[int, None] = OrderedDict()  # LRU of evictable ones
@@ -348,27 +348,27 @@ class LocalCache:
             self._cached[chunk_hash] = len(data)
             self._unverified.discard(chunk_hash)
 
-    def memory_buffer(self, size: int) -> bytearray:
+    def memory_buffer(self, size: int) -> codec.WritableBuffer:
         """A buffer of at least `size` bytes to decode a chunk into for put_in_memory: one
         of a dropped chunk if there is one (fresh memory costs page faults), else new."""
         with self._lock:
             for i, buf in enumerate(self._buffers):
                 if len(buf) >= size:
                     return self._buffers.pop(i)
-        return bytearray(size)
+        return codec.new_buffer(size)
 
-    def recycle(self, buf: bytearray | None) -> None:
+    def recycle(self, buf: codec.WritableBuffer | None) -> None:
         """Give back a buffer from memory_buffer() that holds nothing any more."""
         with self._lock:
             self._give_back(buf)
 
-    def _give_back(self, buf: bytearray | None) -> None:
+    def _give_back(self, buf: codec.WritableBuffer | None) -> None:
         """(with _lock held) keep at most 8 buffers for the next decodes"""
         if buf is not None and len(self._buffers) < 8:
             self._buffers.append(buf)
 
     def put_in_memory(self, chunk_hash: str, data: codec.Buffer,
-                      buffer: bytearray | None = None) -> None:
+                      buffer: codec.WritableBuffer | None = None) -> None:
         """Hold a verified chunk in memory until it has been read once (`data`, which
         must not change, is a view of `buffer` when it came from memory_buffer()). While
         more than memory_limit bytes are held, the least recently used ones are written

@@ -60,6 +60,16 @@ ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(1, hash_log=8)
 _PLANES = struct.Struct("<4I")
 
 Buffer = bytes | bytearray | memoryview
+#: memory a decode writes into: a bytearray, or a view of new_buffer()'s
+WritableBuffer = bytearray | memoryview
+
+
+def new_buffer(size: int) -> memoryview:
+    """`size` bytes of fresh, writable memory, not filled in. bytearray(size) zero-fills
+    its memory with the GIL held: for a 16 MiB chunk that was 2-30 ms here, during
+    which the FUSE thread could answer no request. This holds the GIL only to allocate;
+    the pages are faulted in by the first write, a decode that has released the GIL."""
+    return np.empty(size, np.uint8).data
 Hasher = xxhash.xxh3_128
 
 
@@ -164,7 +174,7 @@ def decode_chunk(blob: Buffer, expected_hash: str | None = None) -> Buffer:
     A raw (uncompressed) chunk comes back as a view into `blob`, without a copy; a
     decoded one in memory of its own.
     """
-    return _decode(blob, expected_hash, bytearray)
+    return _decode(blob, expected_hash, new_buffer)
 
 
 @contextmanager
@@ -173,12 +183,12 @@ def decoded(blob: Buffer, expected_hash: str | None = None) -> Iterator[Buffer]:
     fetcher writes them to the cache): a zstd4 chunk is decoded into one of a few reused
     buffers, one per core, so that at most that many decodes run at once and none pays
     for fresh memory (page faults dominate on some VMs)."""
-    taken: list[bytearray] = []
+    taken: list[WritableBuffer] = []
 
-    def take(size: int) -> bytearray:
+    def take(size: int) -> WritableBuffer:
         buf = _OUTPUTS.get()
         if len(buf) < size:  # (replaced, not resized: a view of it may still exist)
-            buf = bytearray(size)
+            buf = new_buffer(size)
         taken.append(buf)
         return buf
 
@@ -190,7 +200,7 @@ def decoded(blob: Buffer, expected_hash: str | None = None) -> Iterator[Buffer]:
 
 
 def decode_into(blob: Buffer, expected_hash: str | None,
-                alloc: Callable[[int], bytearray]) -> Buffer:
+                alloc: Callable[[int], WritableBuffer]) -> Buffer:
     """decode_chunk() into memory from `alloc(size)` (called at most once; not for a raw
     chunk, which comes back as a view into `blob`)."""
     return _decode(blob, expected_hash, alloc)
@@ -205,13 +215,13 @@ def is_raw(blob: Buffer) -> bool:
 #: encode holds a regrouped copy of its chunk while it runs
 _ENCODES = threading.BoundedSemaphore(os.cpu_count() or 1)
 #: decode buffers of decoded(): as many as cores
-_OUTPUTS: queue.LifoQueue[bytearray] = queue.LifoQueue()
+_OUTPUTS: queue.LifoQueue[WritableBuffer] = queue.LifoQueue()
 for _ in range(os.cpu_count() or 1):
     _OUTPUTS.put(bytearray())
 
 
 def _decode(blob: Buffer, expected_hash: str | None,
-            alloc: Callable[[int], bytearray]) -> Buffer:
+            alloc: Callable[[int], WritableBuffer]) -> Buffer:
     if len(blob) < HEADER_SIZE:
         raise CorruptChunkError(f"chunk shorter than its header ({len(blob)} bytes)")
     magic, codec, raw_len = _HEADER.unpack_from(blob)
@@ -240,7 +250,7 @@ def _decode(blob: Buffer, expected_hash: str | None,
 
 
 def _unzstd4(payload: memoryview, raw_len: int,
-             alloc: Callable[[int], bytearray]) -> memoryview:
+             alloc: Callable[[int], WritableBuffer]) -> memoryview:
     """The `raw_len` bytes of a zstd4 payload (module docstring), in memory from `alloc`."""
     words = raw_len // 4
     if len(payload) < _PLANES.size:

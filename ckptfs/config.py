@@ -118,7 +118,7 @@ class MountConfig:
     upload_threads: int = 8  # memory: ~2 chunks each in flight
     uploads_while_writing: int | None = None  # None: by cores and codec (uploader.py)
     fetch_threads: int = 8  # memory: ~2 chunks each in flight
-    readahead_chunks: int = 4
+    prefetch_window: int = 256 << 20  # memory: a reader's prefetched, unread chunks
     metadata_ttl: float = 1.0
     publish_timeout: float = 10.0
     missing_chunk_timeout: float = 60.0

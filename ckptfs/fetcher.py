@@ -173,9 +173,9 @@ class Fetcher:
         try:
             if self.cache.memory_limit and not (path is not None and codec.is_raw(blob)):
                 # served from memory: decoded into a reused buffer (a raw chunk: the GET's)
-                taken: list[bytearray] = []
+                taken: list[codec.WritableBuffer] = []
 
-                def take(size: int) -> bytearray:
+                def take(size: int) -> codec.WritableBuffer:
                     taken.append(self.cache.memory_buffer(size))
                     return taken[-1]
 

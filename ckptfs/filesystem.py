@@ -79,8 +79,7 @@ class Options:
 
     metadata_ttl: float = 1.0
     publish_timeout: float = 10.0
-    readahead_chunks: int = 4
-    prefetch_whole_file_max: int = 2 * 1024**3
+    prefetch_window: int = 256 << 20  # bytes fetched ahead of each reader (0: none)
     fsync_to_store: bool = False
     writer_id: str = ""
     control_socket: str = ""
@@ -88,10 +87,13 @@ class Options:
 
 @dataclass(eq=False)
 class Handle:
-    """An open file: which node, and whether it may write (flush publishes then)."""
+    """An open file: which node, whether it may write (flush publishes then), and the
+    chunks its reads have prefetched: indexes ahead[0] to ahead[1] of manifest ahead_of."""
 
     node: FileNode
     writable: bool
+    ahead: tuple[int, int] = (0, -1)
+    ahead_of: Manifest | None = None
 
 
 @dataclass(frozen=True)
@@ -574,14 +576,14 @@ class CheckpointFS:
                 await self._truncate(node, 0)
         fh = self._open_handle(node, writable)
         m = node.manifest
-        # (not again for an open that keeps the kernel's page cache of the version it
-        # prefetched: a fetched chunk is dropped from memory once read, and the page
-        # cache serves a second reader; what it no longer holds is fetched on demand)
-        if (not writable and node.buffer is None and m is not None
-                and m.size <= self.opt.prefetch_whole_file_max
+        # a read-only open starts fetching the file's first window. (Not again for an open
+        # that keeps the kernel's page cache of the version it prefetched: a fetched chunk
+        # is dropped from memory once read, and the page cache serves a second reader;
+        # what it no longer holds is fetched as reads ask for it.)
+        if (not writable and node.buffer is None and m is not None and m.chunks
                 and not (keep_cache and node.prefetched is m)):
             node.prefetched = m
-            self.fetcher.prefetch_nowait([h for h, _ in m.chunks])
+            self._prefetch_ahead(self.handles[fh], m, node.offsets, 0, 0)
         return fh, keep_cache
 
     async def _revalidate(self, node: FileNode) -> bool:
@@ -769,10 +771,7 @@ class CheckpointFS:
         offsets = node.offsets
         first = m.chunk_at(offsets, offset)
         last = m.chunk_at(offsets, end - 1)
-        if self.opt.readahead_chunks:
-            ahead = m.chunks[last + 1:last + 1 + self.opt.readahead_chunks]
-            if ahead:
-                self.fetcher.prefetch_nowait([c for c, _ in ahead])
+        self._prefetch_ahead(self.handle(fh), m, offsets, last + 1, end)
         parts = []
         for i in range(first, last + 1):
             chunk_hash, _ = m.chunks[i]
@@ -783,6 +782,26 @@ class CheckpointFS:
                 raise CorruptChunkError(f"chunk {chunk_hash} of {node.path} is truncated")
             parts.append(part)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _prefetch_ahead(self, handle: Handle, m: Manifest, offsets: list[int], start: int,
+                        end: int) -> None:
+        """Prefetch the chunks from index `start` up to the one holding byte end + window:
+        a bounded window ahead of this reader, which follows it (and restarts where it
+        jumps to), so a restore keeps the fetch threads busy and holds about a window of
+        fetched chunks, not the whole file."""
+        window = self.opt.prefetch_window
+        if not window or start >= len(m.chunks):
+            return
+        stop = m.chunk_at(offsets, min(end + window, m.size) - 1)
+        lo, hi = handle.ahead if handle.ahead_of is m else (0, -1)
+        if lo <= start <= hi + 1:  # the reader is inside the run prefetched so far
+            first = hi + 1
+        else:  # it jumped: a new run from here
+            lo, hi, first = start, start - 1, start
+        if stop >= first:
+            self.fetcher.prefetch_nowait([h for h, _ in m.chunks[first:stop + 1]])
+            hi = stop
+        handle.ahead, handle.ahead_of = (lo, hi), m
 
     async def _read_chunk(self, node: FileNode, chunk_hash: str, offset: int,
                           length: int) -> bytes:

@@ -262,8 +262,7 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
         fs = CheckpointFS(AsyncStore(p.store, meta_limiter), p.cache, uploader, fetcher,
                           publisher, p.info, Options(
                               metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
-                              readahead_chunks=cfg.readahead_chunks,
-                              prefetch_whole_file_max=min(2 << 30, cfg.cache_size // 4),
+                              prefetch_window=min(cfg.prefetch_window, cfg.cache_size // 4),
                               fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
                               control_socket=sock_path))
         autoprune: AutoPruner | None = None

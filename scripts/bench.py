@@ -22,7 +22,8 @@ does, it is saved into a directory made just before (step-1/), right after the m
 comes up. Per target: save stall (until torch.save returns), time to durable (save +
 umount, or save + fsync for local, or the PUT for raw), cold load (page cache dropped;
 for ckptfs timed from the command that mounts a new, empty cache on: a node's restore
-includes its mount; for raw, the GET), bytes stored, daemon peak RSS. Run as root (drops
+includes its mount; for raw, the GET), bytes stored, daemon peak RSS, and the daemon's CPU
+seconds during the save and during its mount and cold load. Run as root (drops
 the page cache before cold loads).
 
 Every timed save starts from the same state: page cache dropped, then 2 s idle. On a VM
@@ -45,6 +46,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -114,6 +116,12 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process `pid` has used so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(*args: str, tree: str | None = None) -> str:
     """The ckptfs command line, from the source tree `tree` if given (A/B runs)."""
     env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
@@ -154,12 +162,38 @@ def bench_local(work: Path, state: dict[str, object], settled: bool) -> dict[str
     return {"save": save, "durable": durable, "load": load, "stored": size, "rss": 0}
 
 
+class Profile:
+    """py-spy flame graphs of a daemon (`--profile DIR`): one SVG per phase and run."""
+
+    def __init__(self, out: Path | None, name: str) -> None:
+        self.out, self.name = out, name
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, pid: int, phase: str) -> None:
+        if self.out is None:
+            return
+        svg = self.out / f"{self.name}-{phase}.svg"
+        self._proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+             "--rate", "250", "--threads", "--nonblocking", "-o", str(svg)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # attached before the phase starts
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGINT)  # py-spy writes the SVG on SIGINT
+            self._proc.wait(60)
+            self._proc = None
+
+
 def bench_ckptfs(work: Path, state: dict[str, object], store: str, extra: list[str],
-                 stored_bytes: Callable[[], int], settled: bool, tree: str | None = None
-                 ) -> dict[str, float]:
+                 stored_bytes: Callable[[], int], settled: bool, tree: str | None = None,
+                 profile: Profile | None = None) -> dict[str, float]:
     """Save right after the mount comes up, into a directory made just before; durable
     when `ckptfs umount` returns; cold load timed from the new mount's command on (a
-    node's restore includes its mount)."""
+    node's restore includes its mount). `profile`: flame graphs of the save and the
+    cold load (their times then include py-spy's cost and its start)."""
+    profile = profile or Profile(None, "")
     mnt, mnt2 = work / "mnt", work / "mnt2"
     cache, cache2 = work / "cache", work / "cache2"
     for p in (cache, cache2):
@@ -169,24 +203,33 @@ def bench_ckptfs(work: Path, state: dict[str, object], store: str, extra: list[s
     if settled:
         settle()
     run("mount", store, str(mnt), "--cache-dir", str(cache), *extra, tree=tree)
+    pid = status(mnt, tree)["pid"]
+    profile.start(pid, "save")
+    cpu0 = cpu_seconds(pid)
     t0 = time.perf_counter()
     path, save = save_into(mnt, state)
-    pid = status(mnt, tree)["pid"]
+    save_cpu = cpu_seconds(pid) - cpu0
+    profile.stop()
     rss = peak_rss(pid)
     run("umount", str(mnt), tree=tree)
     durable = time.perf_counter() - t0
     drop_caches()
     t1 = time.perf_counter()
     run("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra, tree=tree)
+    pid2 = status(mnt2, tree)["pid"]
+    profile.start(pid2, "load")
     torch.load(mnt2 / path.relative_to(mnt))
     load = time.perf_counter() - t1
-    rss = max(rss, peak_rss(status(mnt2, tree)["pid"]))
+    load_cpu = cpu_seconds(pid2)  # since it started: its mount, then the load
+    profile.stop()
+    rss = max(rss, peak_rss(pid2))
     shutil.rmtree(mnt2 / "step-1")
     run("umount", str(mnt2), tree=tree)
     stored = stored_bytes()
     for p in (cache, cache2):
         shutil.rmtree(p, ignore_errors=True)
-    return {"save": save, "durable": durable, "load": load, "stored": stored, "rss": rss}
+    return {"save": save, "durable": durable, "load": load, "stored": stored, "rss": rss,
+            "save_cpu": save_cpu, "load_cpu": load_cpu}
 
 
 def status(mnt: Path, tree: str | None) -> dict[str, Any]:
@@ -279,7 +322,16 @@ def main() -> int:
                     help="cap the S3 link (ck-s3 and raw-s3, both ways together) at this "
                          "many MB/s with a proxy: a store slower than the node, as a real "
                          "one is (default: no cap, loopback speed)")
+    ap.add_argument("--profile", metavar="DIR", type=Path, default=None,
+                    help="write py-spy flame graphs of each ckptfs daemon's save and cold "
+                         "load to DIR/<target>-<run>-save.svg and -load.svg (py-spy: "
+                         ".venv/bin/pip install -e '.[bench]'; the timed phases then include "
+                         "its cost)")
     a = ap.parse_args()
+    if a.profile is not None:
+        if not Path(sys.executable).with_name("py-spy").exists():
+            ap.exit(2, "bench.py: --profile needs py-spy: .venv/bin/pip install -e '.[bench]'\n")
+        a.profile.mkdir(parents=True, exist_ok=True)
     settled = not a.no_settle
     targets = a.targets.split(",")
     known = {"local", "trivial", "raw-s3", "ck-dir", "ck-s3", "ck-az", "ck-gs", *PEERS}
@@ -321,11 +373,14 @@ def main() -> int:
         for i in range(a.runs):
             for n, t in enumerate(targets):
                 kind, _, options = t.partition(":")
+                prof = Profile(a.profile, "".join(c if c.isalnum() or c in "-_" else "_"
+                                                  for c in t) + f"-{i + 1}")
                 kind, _, tree = kind.partition("@")
                 extra = options.split()
                 if "://" in t:  # a store URL, as it is
                     r = bench_ckptfs(work, state, t.rstrip("/") + f"/run{i}-{n}", [],
-                                     url_bytes(t.rstrip("/") + f"/run{i}-{n}", []), settled)
+                                     url_bytes(t.rstrip("/") + f"/run{i}-{n}", []), settled,
+                                     profile=prof)
                 elif kind in ("ck-az", "ck-gs"):
                     if kind == "ck-az":
                         assert azurite is not None
@@ -335,7 +390,7 @@ def main() -> int:
                         url, endpoint = f"gs://{gcs_bucket}/run{i}-{n}", fakegcs.endpoint
                     store_extra = ["--endpoint-url", endpoint, *extra]
                     r = bench_ckptfs(work, state, url, store_extra,
-                                     url_bytes(url, store_extra), settled, tree or None)
+                                     url_bytes(url, store_extra), settled, tree or None, prof)
                 elif kind == "local":
                     r = bench_local(work, state, settled)
                 elif kind in PEERS:
@@ -347,7 +402,8 @@ def main() -> int:
                     shutil.rmtree(dir_store, ignore_errors=True)
                     dir_store.mkdir()
                     r = bench_ckptfs(work, state, str(dir_store), extra,
-                                     lambda: du(dir_store / "chunks"), settled, tree or None)
+                                     lambda: du(dir_store / "chunks"), settled, tree or None,
+                                     prof)
                 elif kind == "ck-s3":
                     prefix = f"run{i}-{n}"
 
@@ -358,7 +414,7 @@ def main() -> int:
 
                     r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
                                      ["--endpoint-url", s3_endpoint, *extra], s3_bytes,
-                                     settled, tree or None)
+                                     settled, tree or None, prof)
                 else:  # raw-s3
                     r = bench_raw(work, state, client, bucket)
                 results[t].append(r)
@@ -383,11 +439,14 @@ def main() -> int:
     width = max(8, *map(len, targets))
     print(f"\n{a.gib:g} GiB state dict, medians of {a.runs} interleaved runs")
     print(f"{'target':{width}s} {'save s':>8s} {'durable s':>10s} {'cold load s':>12s} "
-          f"{'stored MiB':>11s} {'daemon RSS MiB':>15s}")
+          f"{'stored MiB':>11s} {'daemon RSS MiB':>15s} {'daemon CPU s: save':>19s} "
+          f"{'load':>5s}")
     for t in targets:
+        cpu = (f"{med(t, 'save_cpu'):19.2f} {med(t, 'load_cpu'):5.2f}"
+               if "save_cpu" in results[t][0] else "")
         print(f"{t:{width}s} {med(t, 'save'):8.2f} {med(t, 'durable'):10.2f} "
               f"{med(t, 'load'):12.2f} {med(t, 'stored') / 2**20:11.0f} "
-              f"{max(r['rss'] for r in results[t]) / 2**20:15.0f}")
+              f"{max(r['rss'] for r in results[t]) / 2**20:15.0f} {cpu}")
     def ratio(t: str, k: str, base: str, what: str) -> str | None:
         return f"{med(t, k) / med(base, k):.2f}x {what}" if base in targets else None
 

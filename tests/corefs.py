@@ -30,12 +30,13 @@ ROOT = 1
 @contextlib.asynccontextmanager
 async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
                upload_threads: int = 2, publish: bool = True,
-               queue_limit: int = QUEUE_LIMIT) -> AsyncIterator[CheckpointFS]:
+               queue_limit: int = QUEUE_LIMIT,
+               prefetch_window: int = Options.prefetch_window) -> AsyncIterator[CheckpointFS]:
     """A CheckpointFS on the store root/store with its cache in root/cache (kept between
     calls, like a remount with the same --cache-dir). upload=False: nothing reaches the
     store's chunks (the upload workers are not started). publish=False: no metadata op
     reaches the store (the publisher is not started, and nothing waits for it).
-    queue_limit: how many jobs the upload queue holds."""
+    queue_limit: how many jobs the upload queue holds. prefetch_window: Options'."""
     (root / "store").mkdir(parents=True, exist_ok=True)
     store = LocalStore(root / "store")
     info = read_store_info(store) or create_store(store, CHUNK)
@@ -49,7 +50,8 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
     publisher = Publisher(store, journal, journal_limiter, "node-a", cache)
     fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
                       publisher, info,
-                      Options(writer_id="node-a", publish_timeout=10.0 if publish else 0.0))
+                      Options(writer_id="node-a", publish_timeout=10.0 if publish else 0.0,
+                              prefetch_window=prefetch_window))
     damage = journal.damage
     if damage is not None:
         fs.journal_check = JournalCheck(store, journal, journal_limiter, cache, uploader,
