@@ -44,7 +44,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
