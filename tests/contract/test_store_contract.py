@@ -684,7 +684,8 @@ def test_s3_chunk_put_sends_no_extra_checksum_and_round_trips(s3_store: S3Store)
     s3_store._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(
         request))
     for n in range(2):
-        parts = [b"CKC1" + bytes(12), os.urandom(3 << 20), memoryview(b"tail%d" % n)]
+        parts: list[bytes | memoryview] = [b"CKC1" + bytes(12), os.urandom(3 << 20),
+                                           memoryview(b"tail%d" % n)]
         s3_store.put_parts(f"chunks/ab/c{n}", parts)
         assert s3_store.get(f"chunks/ab/c{n}") == b"".join(parts)
     for request in sent:
