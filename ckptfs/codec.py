@@ -95,20 +95,55 @@ def encode_chunk(data: Buffer, method: str = "lz4") -> tuple[bytes, int]:
 
 
 def encode_chunk_parts(data: Buffer, method: str = "lz4") -> tuple[list[Buffer], int]:
-    """encode_chunk() as [header, payload], the payload of a raw chunk being `data`
-    itself (no copy). Returns (parts, codec id)."""
+    """encode_chunk() as [header, payload parts...], the payload of a raw chunk being
+    `data` itself (no copy), in memory of their own otherwise. Returns (parts, codec id)."""
+    return _encode_parts(data, method, None)
+
+
+@contextmanager
+def encoded(data: Buffer, method: str = "lz4") -> Iterator[tuple[list[Buffer], int]]:
+    """encode_chunk_parts() for a caller that is done with the parts when the block ends
+    (the uploader PUTs them): a zstd4 chunk's regrouped words go into one of a few reused
+    buffers, one per core, instead of fresh memory per chunk (page faults dominate on some
+    VMs), and its payload is left in parts, not joined (the store joins them once, or
+    writes them one after the other)."""
+    taken: list[np.ndarray] = []
+
+    def take(size: int) -> np.ndarray:
+        try:
+            buf = _GROUPED.get_nowait()
+        except queue.Empty:
+            buf = np.empty(0, np.uint8)
+        if len(buf) < size:
+            buf = np.empty(size, np.uint8)
+        taken.append(buf)
+        return buf
+
+    try:
+        yield _encode_parts(data, method, take)
+    finally:
+        for buf in taken:
+            if _GROUPED.qsize() < _POOL:
+                _GROUPED.put(buf)
+
+
+def _encode_parts(data: Buffer, method: str,
+                  take: Callable[[int], np.ndarray] | None) -> tuple[list[Buffer], int]:
+    compress: Callable[[Buffer, Callable[[int], np.ndarray] | None], list[Buffer]]
     if method == "lz4":
-        codec, compress = CODEC_LZ4, _lz4
+        codec, compress = CODEC_LZ4, lambda d, _: [_lz4(d)]
     elif method == "zstd4":
-        codec, compress = CODEC_ZSTD4, _zstd4
+        codec, compress = CODEC_ZSTD4, _zstd4_parts
     else:
         raise ValueError(f"unknown chunk codec {method!r} (one of {', '.join(CODECS)})")
     raw_len = len(data)
-    if raw_len and _worth_compressing(data, compress):
+    if raw_len and _worth_compressing(data, lambda d: compress(d, None)):
         with _ENCODES:
-            payload = compress(data)
-        if _saves(len(payload), raw_len):
-            return [_HEADER.pack(MAGIC, codec, raw_len), payload], codec
+            payload = compress(data, take)
+        if _saves(sum(map(len, payload)), raw_len):
+            if take is None and len(payload) > 1:  # in memory of its own, as promised
+                payload = [b"".join(payload)]
+            return [_HEADER.pack(MAGIC, codec, raw_len), *payload], codec
     return [_HEADER.pack(MAGIC, CODEC_RAW, raw_len), data], CODEC_RAW
 
 
@@ -136,23 +171,34 @@ _zstd = _Zstd()
 
 def _zstd4(data: Buffer) -> bytes:
     """The zstd4 payload of `data` (module docstring)."""
+    return b"".join(_zstd4_parts(data, None))
+
+
+def _zstd4_parts(data: Buffer, take: Callable[[int], np.ndarray] | None) -> list[Buffer]:
+    """The zstd4 payload of `data` as parts: plane sizes, planes, tail. The words are
+    regrouped into memory from `take(size)` if given (a raw plane is a view of it)."""
     zc = _zstd.compressor
     words = len(data) // 4
-    grouped = np.ascontiguousarray(np.frombuffer(data, np.uint8, words * 4).reshape(-1, 4).T)
+    source = np.frombuffer(data, np.uint8, words * 4).reshape(-1, 4).T
+    if take is None:
+        grouped = np.ascontiguousarray(source)
+    else:
+        grouped = take(words * 4)[:words * 4].reshape(4, words)
+        np.copyto(grouped, source)
     planes: list[Buffer] = []
     for plane in grouped:
         raw = memoryview(plane)
         frame = zc.compress(raw)
         planes.append(frame if _saves(len(frame), words) else raw)
     tail = memoryview(data)[words * 4:]
-    return b"".join([_PLANES.pack(*map(len, planes)), *planes, tail])
+    return [_PLANES.pack(*map(len, planes)), *planes, *([tail] if len(tail) else [])]
 
 
 SAMPLE = 64 * 1024  # a multiple of 4: zstd4 samples must be whole words
 SAMPLES = 4
 
 
-def _worth_compressing(data: Buffer, compress: Callable[[Buffer], bytes]) -> bool:
+def _worth_compressing(data: Buffer, compress: Callable[[Buffer], list[Buffer]]) -> bool:
     """Whether `compress` is likely to make `data` 3% smaller, judged on a few samples.
 
     Random bytes, and weights and optimizer moments for lz4 (docs/PERFORMANCE.md), do not
@@ -164,7 +210,8 @@ def _worth_compressing(data: Buffer, compress: Callable[[Buffer], bytes]) -> boo
         return True
     view = memoryview(data)
     step = (n - SAMPLE) // (SAMPLES - 1) // 4 * 4
-    sampled = sum(len(compress(view[i * step:i * step + SAMPLE])) for i in range(SAMPLES))
+    sampled = sum(sum(map(len, compress(view[i * step:i * step + SAMPLE])))
+                  for i in range(SAMPLES))
     return _saves(sampled, SAMPLE * SAMPLES)
 
 
@@ -218,6 +265,9 @@ _ENCODES = threading.BoundedSemaphore(os.cpu_count() or 1)
 _OUTPUTS: queue.LifoQueue[WritableBuffer] = queue.LifoQueue()
 for _ in range(os.cpu_count() or 1):
     _OUTPUTS.put(bytearray())
+#: regrouping buffers of encoded(): kept for as many encodes as cores, made as needed
+_POOL = os.cpu_count() or 1
+_GROUPED: queue.LifoQueue[np.ndarray] = queue.LifoQueue()
 
 
 def _decode(blob: Buffer, expected_hash: str | None,

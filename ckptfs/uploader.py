@@ -498,15 +498,17 @@ class Uploader:
                             seen=other.started)
         try:
             key = manifests.chunk_key(chunk_hash)
-            parts, _ = codec.encode_chunk_parts(data, self.codec_name)
-            size = sum(len(p) for p in parts)
-            # an object of another size is not this chunk: a PUT torn by a crash can leave
-            # an empty one on some servers (SeaweedFS), so it is written again
-            if self.store.head(key) != size:
-                crash_point("chunk_before_put")
-                self.store.put_parts(key, parts)
-                crash_point("chunk_after_put")
-                mine.stored = True
+            # the parts are joined at most once, by the store (a directory store writes
+            # them one after the other); a zstd4 chunk's planes are in reused memory
+            with codec.encoded(data, self.codec_name) as (parts, _):
+                size = sum(len(p) for p in parts)
+                # an object of another size is not this chunk: a PUT torn by a crash can
+                # leave an empty one on some servers (SeaweedFS), so it is written again
+                if self.store.head(key) != size:
+                    crash_point("chunk_before_put")
+                    self.store.put_parts(key, parts)
+                    crash_point("chunk_after_put")
+                    mine.stored = True
             mine.ok = True
         except StoreError as e:
             return _Outcome(chunk_hash, error=e)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -71,6 +74,95 @@ PERMANENT_BOTOCORE = (
 DELETE_BATCH = 1000
 #: the longest object key S3 allows, in bytes of UTF-8, the store's prefix included
 MAX_KEY_BYTES = 1024
+#: bodies from put_parts at least this large are joined into a reused buffer (BodyPool)
+POOLED_BODY = 1 << 20
+
+
+def signs_payload(endpoint_url: str | None) -> bool:
+    """Whether PUT bodies to `endpoint_url` (None: AWS, https) are SHA-256 signed. Only
+    over plain http to another host: there nothing else guards a body on its way (over
+    TLS, its record MACs do; on the loopback there is no wire). Everywhere else requests
+    say UNSIGNED-PAYLOAD, and no second checksum (CRC32, MD5) is computed either: every
+    chunk is named by the xxh3-128 of its bytes and checked against it on every read
+    (docs/_cpu_results.md, "Integrity per request")."""
+    if endpoint_url is None:
+        return False
+    parts = urlsplit(endpoint_url)
+    if parts.scheme != "http":
+        return False
+    host = parts.hostname or ""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a host name: some other machine
+
+
+def client_config(endpoint_url: str | None, max_pool_connections: int = 32,
+                  connect_timeout: float = 5, read_timeout: float = 60) -> Config:
+    """The botocore Config of every S3Store client."""
+    s3: dict[str, Any] = {"payload_signing_enabled": signs_payload(endpoint_url)}
+    if endpoint_url:
+        s3["addressing_style"] = "path"
+    return Config(
+        max_pool_connections=max_pool_connections,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        # 2 attempts in all (botocore's "max_attempts" would be 2 *retries*, 3 attempts):
+        # ckptfs retries with its own backoff
+        retries={"total_max_attempts": 2, "mode": "standard"},
+        s3=s3,
+        # no CRC32 on every PUT and no validation on GET (botocore >= 1.36 does both by
+        # default): xxh3 names and verifies every chunk end to end, and many S3-compatible
+        # servers reject the flexible checksums. Requests that S3 requires a checksum on
+        # (DeleteObjects) still carry one.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+
+
+class BodyPool:
+    """Reused bytearrays for the bodies of chunk PUTs (botocore takes bytes or bytearray,
+    not a memoryview): each chunk is joined once into one of these instead of into fresh
+    memory, whose page faults are the expensive part of moving gigabytes on some VMs. At
+    most `keep` are kept; a buffer botocore still holds a view of is let go."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def join(self, parts: Sequence[bytes | bytearray | memoryview]) -> bytearray | None:
+        """The concatenation of `parts` in a reused buffer (give it back with release());
+        None when no kept buffer fits it without shrinking it below half its size."""
+        size = sum(len(p) for p in parts)
+        with self._lock:
+            buf = max(self._free, key=len, default=None)
+            if buf is not None:
+                if size * 2 < len(buf):
+                    return None  # CPython would give a major part of it back: keep it
+                self._free.remove(buf)
+        if buf is None:
+            buf = bytearray(size)
+        try:
+            if len(buf) > size:
+                del buf[size:]  # no realloc: it stays above half
+            elif len(buf) < size:
+                buf.extend(bytes(size - len(buf)))
+        except BufferError:  # still exported somewhere: a new one
+            buf = bytearray(size)
+        with memoryview(buf) as view:
+            pos = 0
+            for part in parts:
+                view[pos:pos + len(part)] = part
+                pos += len(part)
+        return buf
+
+    def release(self, buf: bytearray) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buf)
 
 
 def error_class(code: str, status: int) -> type[StoreError]:
@@ -109,23 +201,14 @@ class S3Store(PrefixedStore):
         self.chunk_storage_class = chunk_storage_class
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        config = Config(
-            max_pool_connections=max_pool_connections,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            # 2 attempts in all (botocore's "max_attempts" would be 2 *retries*, 3 attempts):
-            # ckptfs retries with its own backoff
-            retries={"total_max_attempts": 2, "mode": "standard"},
-            s3={"addressing_style": "path"} if endpoint_url else None,
-            # many S3-compatible servers reject the flexible checksums boto3 sends by default
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        )
+        config = client_config(endpoint_url, max_pool_connections, connect_timeout,
+                               read_timeout)
         session = boto3.session.Session(region_name=region)
         self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
         self.endpoint: str = self._client.meta.endpoint_url
         self._endpoint_arg = endpoint_url
         self._no_batch_delete = False  # set once the server refuses DeleteObjects
+        self._bodies = BodyPool()  # at most 8 kept: the default --upload-threads
         #: None until the first put_if_absent finds out (_probe_conditional_put)
         self.atomic_create: bool | None = None  # type: ignore[assignment]
         self.url = self._url()
@@ -180,12 +263,26 @@ class S3Store(PrefixedStore):
                 ) from e
 
     def put(self, key: str, data: bytes | memoryview) -> None:
-        self.check_length(key)
-        body = bytes(data) if isinstance(data, memoryview) else data
-        chunk = key.startswith(CHUNKS)
-        self._put(key, body, self.chunk_storage_class if chunk else None)
+        self.put_parts(key, [data])
 
-    def _put(self, key: str, body: bytes, storage_class: str | None) -> None:
+    def put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """One PutObject of the parts joined once (a chunk's header, planes and tail),
+        into a reused buffer when it is large. Always a bytearray: botocore wraps a bytes
+        body in a BytesIO, which http.client then sends 16 KiB at a time (a copy and a
+        send call each), after an Expect: 100-continue round trip."""
+        self.check_length(key)
+        storage_class = self.chunk_storage_class if key.startswith(CHUNKS) else None
+        body = (self._bodies.join(parts) if sum(len(p) for p in parts) >= POOLED_BODY
+                else None)
+        if body is None:
+            self._put(key, bytearray().join(parts), storage_class)
+            return
+        try:
+            self._put(key, body, storage_class)
+        finally:
+            self._bodies.release(body)
+
+    def _put(self, key: str, body: bytes | bytearray, storage_class: str | None) -> None:
         extra = {"StorageClass": storage_class} if storage_class else {}
         with self._errors("put", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body,

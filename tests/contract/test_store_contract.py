@@ -676,6 +676,27 @@ def test_s3_missing_bucket_is_permanent(seaweed: SeaweedServer) -> None:
     assert_one_line_without_secrets(check.value, get.value, put.value)
 
 
+def test_s3_chunk_put_sends_no_extra_checksum_and_round_trips(s3_store: S3Store) -> None:
+    """Against the real server: a chunk PUT in parts says UNSIGNED-PAYLOAD and carries no
+    CRC32/MD5 header, the GET asks for no checksum, and the bytes come back exactly (the
+    body joined once into a reused buffer, twice in a row: the second reuses it)."""
+    sent: list[object] = []
+    s3_store._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(
+        request))
+    for n in range(2):
+        parts: list[bytes | memoryview] = [b"CKC1" + bytes(12), os.urandom(3 << 20),
+                                           memoryview(b"tail%d" % n)]
+        s3_store.put_parts(f"chunks/ab/c{n}", parts)
+        assert s3_store.get(f"chunks/ab/c{n}") == b"".join(parts)
+    for request in sent:
+        headers = {k.lower(): v for k, v in request.headers.items()}  # type: ignore[attr-defined]
+        assert not [k for k in headers if k.startswith("x-amz-checksum") or k in (
+            "content-md5", "x-amz-sdk-checksum-algorithm", "x-amz-trailer")]
+        if request.method == "PUT":  # type: ignore[attr-defined]
+            assert headers["x-amz-content-sha256"] == b"UNSIGNED-PAYLOAD"
+    assert [r.method for r in sent] == ["PUT", "GET"] * 2  # type: ignore[attr-defined]
+
+
 def test_s3_wrong_credentials_are_permanent(
     s3_store: S3Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

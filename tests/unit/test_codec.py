@@ -358,3 +358,25 @@ def test_decoded_reuses_a_buffer_per_core_and_gives_the_same_bytes() -> None:
 
         assert max(pool.map(hold, range(4 * cores))) <= cores
     assert codec._OUTPUTS.qsize() == cores
+
+
+@pytest.mark.parametrize("method", codec.CODECS)
+def test_encoded_gives_the_bytes_of_encode_chunk_in_reused_memory(method: str) -> None:
+    """codec.encoded() (the uploader's) is encode_chunk() as parts; a zstd4 chunk's raw
+    planes stay right until the block ends, and the regrouping buffer is reused."""
+    weights = torch.randn(1 << 18).numpy().tobytes() + b"xyz"  # a tail, and raw planes
+    for data in (weights, os.urandom(1 << 20), bytes(1 << 20), b"", b"ab"):
+        with codec.encoded(data, method) as (parts, codec_id):
+            joined = b"".join(parts)
+            codec.encode_chunk(os.urandom(1 << 20), method)  # others encoding meanwhile
+            assert b"".join(parts) == joined
+        assert (joined, codec_id) == codec.encode_chunk(data, method)
+        assert bytes(codec.decode_chunk(joined, codec.chunk_hash(data))) == data
+    if method == "zstd4":
+        with codec.encoded(weights, method) as (parts, _):
+            first = [p.obj for p in parts if isinstance(p, memoryview) and
+                     isinstance(p.obj, np.ndarray)]
+        with codec.encoded(weights, method) as (parts, _):
+            again = [p.obj for p in parts if isinstance(p, memoryview) and
+                     isinstance(p.obj, np.ndarray)]
+        assert first and again and first[0].base is again[0].base  # the same buffer
