@@ -103,6 +103,9 @@ class UploadJob:
     length: int
     hash: str | None = None
     on_done: Callable[[str], None] | None = None  # early jobs: told the hash when stored
+    # early jobs: the hash the writer streamed, if the chunk is unchanged since (asked
+    # in the trio thread after the bytes are read, so they need no second hash)
+    streamed: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -476,9 +479,19 @@ class Uploader:
         with low_cpu_priority():
             return self._upload_sync_now(job, expect)
 
+    @staticmethod
+    def _streamed_hash(job: UploadJob, data: memoryview) -> str | None:
+        """The hash the writer computed as the chunk streamed in, if the bytes just read
+        are still the ones it hashed. Asked in the trio thread: a write's pwrite and its
+        version bump run there with no await between them, so a write that overlapped
+        the read has already changed the version, and the bytes are hashed again."""
+        if job.streamed is None or len(data) != job.length:
+            return None
+        return trio.from_thread.run_sync(job.streamed)
+
     def _upload_sync_now(self, job: UploadJob, expect: str | None) -> _Outcome:
         data = pread_scratch(job.staging.fd, job.length, job.offset)
-        chunk_hash = codec.chunk_hash(data)
+        chunk_hash = self._streamed_hash(job, data) or codec.chunk_hash(data)
         if len(data) != job.length or (expect is not None and chunk_hash != expect):
             return _Outcome(None)
         with self._puts_lock:  # the same chunk from an early and a published job: one PUT

@@ -279,6 +279,11 @@ class WriteBuffer:
             version = self.versions[i]
             start, end = self.layout.span(i, new_end)
 
+            def streamed(i: int = i, version: int = version) -> str | None:
+                h, hashed = self.hashes.get(i, ("", -1))
+                unchanged = self.versions.get(i) == version == hashed and not self.closed
+                return h if unchanged else None
+
             def done(chunk_hash: str, i: int = i, version: int = version) -> None:
                 if self.versions.get(i) == version and not self.closed:
                     self.hashes[i] = (chunk_hash, version)
@@ -290,7 +295,7 @@ class WriteBuffer:
                         self.evict_uploaded()
 
             self.uploader.submit_early_nowait(
-                UploadJob(self.staging, start, end - start, on_done=done))
+                UploadJob(self.staging, start, end - start, on_done=done, streamed=streamed))
         return len(completed)
 
     def evict_uploaded(self) -> None:

@@ -266,19 +266,23 @@ def bench_trivial(work: Path, state: dict[str, object], settled: bool
         tune_readahead(str(mnt))
         if settled:
             settle()
+        cpu0 = cpu_seconds(proc.pid)
         t0 = time.perf_counter()
         torch.save(state, mnt / "ckpt.pt")  # (a flat file system: no step-1/)
         save = time.perf_counter() - t0
+        cpu1 = cpu_seconds(proc.pid)
         drop_caches()
         t1 = time.perf_counter()
         torch.load(mnt / "ckpt.pt")
         load = time.perf_counter() - t1
+        cpu2 = cpu_seconds(proc.pid)
     finally:
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
         proc.wait(10)
         shutil.rmtree(backing, ignore_errors=True)
         mnt.rmdir()
-    return {"save": save, "durable": float("nan"), "load": load, "stored": 0, "rss": 0}
+    return {"save": save, "durable": float("nan"), "load": load, "stored": 0, "rss": 0,
+            "save_cpu": cpu1 - cpu0, "load_cpu": cpu2 - cpu1}
 
 
 def bench_raw(work: Path, state: dict[str, object], client: object, bucket: str

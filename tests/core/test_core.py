@@ -19,6 +19,7 @@ from ckptfs import journal as journal_module
 from ckptfs.errors import JournalFull
 from ckptfs.manifests import Manifest, chunk_key, file_key, fossil_key
 from ckptfs.store.local import LocalStore
+from ckptfs.uploader import UploadJob
 
 
 # ---------------------------------------------------------------------------- cache bound
@@ -292,3 +293,61 @@ def test_chunks_whose_early_upload_found_the_queue_full_are_uploaded_after_close
             assert await read_file(fs, "model.pt") == data
 
     run(fresh_node)
+
+
+def test_an_early_upload_reuses_the_hash_streamed_as_its_chunk_was_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every byte of a save is hashed once: a chunk uploaded while its file is still
+    being written is named by the hash streamed as it was written, not hashed again
+    when the upload reads it back; the store gets the right bytes under that name."""
+    data = random_bytes(20 * CHUNK)
+    hashed: list[int] = []
+    real = codec.chunk_hash
+
+    def counting(d: codec.Buffer) -> str:
+        hashed.append(len(d))
+        return real(d)
+
+    monkeypatch.setattr(codec, "chunk_hash", counting)
+
+    async def main() -> None:
+        async with core(tmp_path) as fs:
+            fh = await write_file(fs, "f.bin", data, close=False)
+            await wait_until_async(
+                lambda: fs.uploader.statistics().uploaded_bytes >= 19 * CHUNK)
+            assert hashed.count(CHUNK) == 0
+            await fs.flush(fh)
+            await fs.release(fh)
+            await fs.wait_all_flushed()
+
+    run(main)
+    m = Manifest.from_json(LocalStore(tmp_path / "store").get(file_key("f.bin")))
+    store = LocalStore(tmp_path / "store")
+    assert b"".join(bytes(codec.decode_chunk(store.get(chunk_key(h)), h))
+                    for h, _ in m.chunks) == data
+
+
+def test_a_chunk_rewritten_before_its_early_upload_is_hashed_again(tmp_path: Path) -> None:
+    """The streamed hash names an early upload only while the chunk is unchanged: after
+    an in-place overwrite the job offers none (the upload hashes what it reads), and
+    the other chunks keep theirs, which match their bytes."""
+    data = bytearray(random_bytes(10 * CHUNK))
+    jobs: list[UploadJob] = []
+
+    async def main() -> None:
+        async with core(tmp_path, upload=False) as fs:
+            fs.uploader.submit_early_nowait = jobs.append  # type: ignore[method-assign,assignment]
+            fh = await write_file(fs, "f.bin", bytes(data), close=False)
+            assert [j.offset for j in jobs] == [i * CHUNK for i in range(len(jobs))]
+            assert len(jobs) >= 9
+            await fs.write(fh, 3 * CHUNK + 100, b"rewritten")
+            data[3 * CHUNK + 100:3 * CHUNK + 109] = b"rewritten"
+            for j in jobs:
+                assert j.streamed is not None
+                if j.offset == 3 * CHUNK:
+                    assert j.streamed() is None
+                else:
+                    assert j.streamed() == codec.chunk_hash(data[j.offset:j.offset + j.length])
+            await fs.release(fh)
+
+    run(main)
