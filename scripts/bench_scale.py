@@ -318,6 +318,11 @@ def restore(a: argparse.Namespace, work: Path) -> None:
           f"({sum(gets.values()) / max(1, len(gets)) / a.nodes:.2f} per chunk per node); "
           f"other requests: {dict(other)}; fetched per node: "
           + ", ".join(f"{r['fetched'] / MiB:.0f} MiB" for r in counted))
+    sizes = {f"/{bucket}/{o['Key']}": o["Size"] for o in stored}
+    for path, k in sorted(gets.items()):
+        if k > a.nodes:
+            print(f"  {path.rsplit('/', 1)[1]} ({sizes.get(path, 0) / MiB:.2f} MiB stored): "
+                  f"{k} GETs")
 
 
 # -- item 5: many ranks ---------------------------------------------------------------------
@@ -343,6 +348,8 @@ def ranks(a: argparse.Namespace, work: Path) -> None:
                         store = (f"s3://{bucket}/run{i}-{n}" if t == "ck-s3"
                                  else str(work / f"dir-store-{i}-{n}"))
                         extra = ["--endpoint-url", server.endpoint] if t == "ck-s3" else []
+                        if t == "ck-dir":
+                            Path(store).mkdir()
                         node = Node(work, "ranks", store, extra).mount()
                         mnt = node.mnt
                     try:
