@@ -486,11 +486,6 @@ class CheckpointFS:
         if size is not None:
             if not isinstance(node, FileNode):
                 raise IsADirectory(node.path)
-            if node.buffer is None and not self._has_writer(node):
-                # truncate(2) by path opens, truncates and closes: close-to-open, so the
-                # new version starts from the manifest in the store, not from a listing
-                # that missed a rewrite (one of the same manifest size)
-                await self._revalidate(node)
             async with node.lock:
                 await self._truncate(node, size)
         if mode is not None:

@@ -81,6 +81,9 @@ WEIGHTS: dict[str, int] = {
     "trash_empty": 1, "crash": 3, "crash_lose_cache": 1, "restart": 2, "store_faults": 2,
     "outage": 1, "latency": 1, "heal": 2, "clock_jump": 1, "check": 1,
 }
+#: the kinds that do not need their node up
+NO_NODE = {"crash", "crash_lose_cache", "restart", "outage", "heal", "clock_jump", "gc",
+           "check"}
 FAULT_KINDS = ("crash", "crash_lose_cache", "store_faults", "outage", "latency",
                "clock_jump")
 
@@ -207,6 +210,8 @@ class Node:
         self.stopped = trio.Event()
         self.down = trio.Event()
         self.down.set()
+        self.op_idle = trio.Event()
+        self.op_idle.set()
         self.incarnation = 0
 
     @property
@@ -261,8 +266,6 @@ class Node:
                     task_status.started()
                     await trio.sleep_forever()
         finally:
-            self._cache.close()
-            self._journal.close()
             self.stopped.set()
 
     @contextlib.contextmanager
@@ -270,10 +273,12 @@ class Node:
         """The scope one operation on this node runs in (a crash cancels it too)."""
         with trio.CancelScope() as scope:
             self.op_scope = scope
+            self.op_idle = trio.Event()
             try:
                 yield scope
             finally:
                 self.op_scope = None
+                self.op_idle.set()
 
     async def crash(self, lose_cache: bool = False) -> None:
         """kill -9: cancel every task, drop the memory state, keep (or lose) the disk."""
@@ -286,6 +291,9 @@ class Node:
         if self.op_scope is not None:
             self.op_scope.cancel()
         await self.stopped.wait()
+        await self.op_idle.wait()  # its threads are done (a kill stops them all at once)
+        self._cache.close()
+        self._journal.close()
         if lose_cache:
             shutil.rmtree(self.root, ignore_errors=True)
         self.down.set()
@@ -585,6 +593,8 @@ class Runner:
         if op.kind in FAULT_KINDS:
             self.result.faults[op.kind] += 1
         t = time.monotonic()
+        if op.kind not in NO_NODE:
+            await self.up(op.node)  # restarted (and observed) before the model moves on
         await handler(op)
         self.result.times[op.kind] += time.monotonic() - t
 
@@ -749,6 +759,16 @@ class Runner:
         for p in sorted(model.tree):
             if owner(p) == k and isinstance(model.tree[p], Dir):
                 await fs.refresh_dir(p)
+        for p in sorted(model.tree):
+            v = model.value(p)
+            if owner(p) == k and isinstance(v, bytes):
+                d = fs.dir_at(p.rsplit("/", 1)[0])
+                c = d.children.get(p.rsplit("/", 1)[1]) if d is not None else None
+                if isinstance(c, FileNode) and c.size != len(v):
+                    self.trace.append(f"    ! after {reason}: n{k} shows {p} with {c.size} "
+                                      f"bytes, the store {len(v)} (pending "
+                                      f"{fs.publisher.is_pending(p)}, key size "
+                                      f"{c.manifest_key_size})")
 
     lost_cache_nodes: set[int] = set()
 
@@ -1078,6 +1098,9 @@ class Runner:
         async def body() -> None:
             fs = self.fs(k)
             fnode = await self.resolve(fs, path)
+            if isinstance(fnode, FileNode) and fnode.size != len(old):
+                self.trace.append(f"    ! {path}: the node has {fnode.size} bytes, the model "
+                                  f"{len(old)}")
             if data is None:
                 await fs.setattr(fnode.inode, size=size)
                 return
