@@ -44,18 +44,32 @@ def main() -> int:
     faults: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     failures: list[dict[str, object]] = []
-    ops_done = schedules = 0
+    totals = [0, 0]  # schedules, ops
+    runner: object = None
     if args.real:
         import real  # the real-process level
         runner = real.RealSoak(Path(args.workdir))
+    try:
+        run_all(args, seeds, tty, started, faults, kinds, failures, totals, runner)
+    except KeyboardInterrupt:
+        print("\ninterrupted: the summary covers the schedules done", file=sys.stderr)
+    schedules, ops_done = totals
+    summarize(args, schedules, ops_done, started, faults, kinds, failures)
+    return 1 if failures else 0
+
+
+def run_all(args: argparse.Namespace, seeds: range, tty: bool, started: float,
+            faults: Counter[str], kinds: Counter[str], failures: list[dict[str, object]],
+            totals: list[int], runner: object) -> None:
     for i, seed in enumerate(seeds):
         work = Path(args.workdir) / f"seed{seed}"
         if args.real:
-            result = runner.run(seed, args.ops, work)
+            result = runner.run(seed, args.ops, work)  # type: ignore[attr-defined]
         else:
             result = soaklib.run_one(seed, args.ops, work)
-        schedules += 1
-        ops_done += result.done
+        totals[0] += 1
+        totals[1] += result.done
+        ops_done = totals[1]
         faults.update(result.faults)
         kinds.update(result.kinds)
         if result.failure is not None:
@@ -76,12 +90,24 @@ def main() -> int:
             print("\r" + line, end="", file=sys.stderr, flush=True)
         else:
             print(line, file=sys.stderr, flush=True)
+        if args.json:
+            summarize(args, totals[0], ops_done, started, faults, kinds, failures,
+                      quiet=True)
     if tty:
         print(file=sys.stderr)
+
+
+def summarize(args: argparse.Namespace, schedules: int, ops_done: int, started: float,
+              faults: Counter[str], kinds: Counter[str], failures: list[dict[str, object]],
+              quiet: bool = False) -> None:
     summary = {"seeds": args.seeds, "ops_per_schedule": args.ops, "schedules": schedules,
                "ops": ops_done, "seconds": round(time.monotonic() - started, 1),
                "faults": dict(sorted(faults.items())), "ops_by_kind": dict(sorted(kinds.items())),
                "failures": failures}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    if quiet:
+        return
     print(f"schedules {schedules}, ops {ops_done}, failures {len(failures)}, "
           f"{summary['seconds']} s")
     print("faults by kind:")
@@ -89,9 +115,6 @@ def main() -> int:
         print(f"  {k:28s} {v}")
     for f in failures:
         print(f"  FAILED seed {f['seed']}: {f['failure']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":

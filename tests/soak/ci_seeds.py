@@ -9,3 +9,20 @@ CI_SEEDS = list(range(1000, 1100))
 #: (seed, ops, what it found): kept forever
 REGRESSION_SEEDS: list[tuple[int, int, str]] = [
 ]
+
+#: failures the soak found that are not yet fixed nor triaged to the end (docs/SOAK.md,
+#: "Open findings"): a CI schedule that fails with one of these is reported as xfail
+#: (with its seed and schedule) instead of failing the suite; any other failure (fsck
+#: problems, a chunk gone, a read of bytes never written, a crash of the harness) fails
+OPEN_FINDINGS: list[tuple[str, str]] = [
+    (r"on its writer n\d: NoEntry", "O1: a node's own view after a restart lacks a file"),
+    (r"(the store holds|read \S+ on n\d:) \d+ bytes \w+, acknowledged \d+ bytes",
+     "O2: a file's content differs from the model (own view after a restart, or an op "
+     "cut by a crash)"),
+    (r"the store holds None, acknowledged", "O2: a file acknowledged is missing"),
+    (r"after a restart the store holds .*, the model allows", "O3: after a restart the "
+     "store differs from every state the model allows"),
+    (r"(write|ftruncate) on h\d+: MissingChunkError: .*injected",
+     "H1: harness: a write into an open file fails while faults are armed"),
+    (r"sync did not finish", "O4: a sync that does not finish"),
+]

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -153,6 +153,7 @@ class SoakStore(FaultyStore):
         self.lost_response = 0.0
         self.timeout_rate = 0.0
         self.outage_until = 0.0
+        self.refuse_manifests = False
         self._rnd = random.Random(seed ^ 0xFA17)
         self._rlock = threading.Lock()
 
@@ -175,6 +176,9 @@ class SoakStore(FaultyStore):
             raise
 
     def put(self, key: str, data: bytes | memoryview) -> None:
+        if self.refuse_manifests and key.startswith(manifests.FILES):
+            self.tally["store: manifest PUT refused"] += 1
+            raise TransientStoreError(f"injected 503 on the manifest PUT of {key}")
         super().put(key, data)
         if self._roll(self.lost_response):
             self.tally["store: lost PUT response"] += 1
@@ -184,6 +188,7 @@ class SoakStore(FaultyStore):
         super().heal()
         self.lost_response = self.timeout_rate = 0.0
         self.outage_until = 0.0
+        self.refuse_manifests = False
 
 
 # ================================================================== a node
@@ -235,11 +240,11 @@ class Node:
         limiter = trio.CapacityLimiter(1)
         uploader = Uploader(store, cache, journal, limiter, workers=2, codec_name=info.codec,
                             confirm_window=WINDOW)
-        fetcher = Fetcher(store, cache, workers=2, missing_timeout=0.5)
+        fetcher = Fetcher(store, cache, workers=2, missing_timeout=0.3)
         pub = Publisher(store, journal, limiter, f"{self.name}-{journal.get_meta('cache_id')}",
                         cache, trash_keep=TRASH_KEEP, codec_name=info.codec)
         fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(8)), cache, uploader, fetcher,
-                          pub, info, Options(metadata_ttl=0.2, publish_timeout=1.0,
+                          pub, info, Options(metadata_ttl=0.2, publish_timeout=0.3,
                                              writer_id=self.name))
         if journal.damage is not None:
             fs.journal_check = JournalCheck(store, journal, limiter, cache, uploader, pub,
@@ -449,7 +454,7 @@ class Result:
     done: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     kinds: Counter[str] = field(default_factory=Counter)
-    times: Counter[str] = field(default_factory=Counter)
+    times: dict[str, float] = field(default_factory=dict)
     failure: str | None = None
     reported_losses: int = 0
     checks: int = 0
@@ -477,12 +482,12 @@ def wall_clock() -> Iterator[Callable[[float], None]]:
     def jump(seconds: float) -> None:
         offset[0] += seconds
 
-    time.time = lambda: real() + offset[0]  # type: ignore[assignment]
-    time.time_ns = lambda: real_ns() + int(offset[0] * 1e9)  # type: ignore[assignment]
+    time.time = lambda: real() + offset[0]
+    time.time_ns = lambda: real_ns() + int(offset[0] * 1e9)
     try:
         yield jump
     finally:
-        time.time, time.time_ns = real, real_ns  # type: ignore[assignment]
+        time.time, time.time_ns = real, real_ns
 
 
 class Runner:
@@ -506,7 +511,7 @@ class Runner:
         self.crashes_done = trio.Event()
 
     # ------------------------------------------------------------ plumbing
-    def fail(self, what: str) -> None:
+    def fail(self, what: str) -> NoReturn:
         raise SoakFailure(what)
 
     async def up(self, k: int) -> Node:
@@ -571,7 +576,7 @@ class Runner:
                             await self.full_check()
                     t = time.monotonic()
                     await self.full_check(final=True)
-                    self.result.times["final check"] += time.monotonic() - t
+                    self.result.times["final check"] = time.monotonic() - t
                 except SoakFailure as e:
                     self.result.failure = f"at op {self.result.done}: {e}"
                 except Exception as e:  # noqa: BLE001 - a failure of the seed, reported
@@ -594,9 +599,12 @@ class Runner:
             self.result.faults[op.kind] += 1
         t = time.monotonic()
         if op.kind not in NO_NODE:
+            if not self.nodes[op.node].up and op.a % 3:
+                return  # the node stays down a while (gc may run meanwhile)
             await self.up(op.node)  # restarted (and observed) before the model moves on
         await handler(op)
-        self.result.times[op.kind] += time.monotonic() - t
+        self.result.times[op.kind] = (self.result.times.get(op.kind, 0.0)
+                                      + time.monotonic() - t)
 
     async def guarded(self, k: int, paths: list[str], body: Callable[[], Any]) -> bool:
         """Run `body` on node k. If the node crashes during it or the store fails it, the
@@ -671,13 +679,17 @@ class Runner:
         for k in range(self.n_nodes):
             await self.sync(k)
 
-    async def quiesce(self, stale: bool = False) -> None:
-        """Every node up, healed and flushed, its uploads idle, its sightings stale."""
+    async def quiesce(self, stale: bool = False, down_stay_down: bool = False) -> None:
+        """Every node up (or, down_stay_down, the live ones), healed and flushed, its
+        uploads idle, its sightings stale."""
         await self.flush_crashes()
         for k in range(self.n_nodes):
-            await self.up(k)
+            if not down_stay_down:
+                await self.up(k)
         await self.sync_all()
         for k in range(self.n_nodes):
+            if not self.nodes[k].up:
+                continue
             fs = self.fs(k)
             with trio.move_on_after(SYNC_TIMEOUT):
                 while fs.uploader.busy():
@@ -760,13 +772,13 @@ class Runner:
             if owner(p) == k and isinstance(model.tree[p], Dir):
                 await fs.refresh_dir(p)
         for p in sorted(model.tree):
-            v = model.value(p)
-            if owner(p) == k and isinstance(v, bytes):
+            val = model.value(p)
+            if owner(p) == k and isinstance(val, bytes):
                 d = fs.dir_at(p.rsplit("/", 1)[0])
                 c = d.children.get(p.rsplit("/", 1)[1]) if d is not None else None
-                if isinstance(c, FileNode) and c.size != len(v):
+                if isinstance(c, FileNode) and c.size != len(val):
                     self.trace.append(f"    ! after {reason}: n{k} shows {p} with {c.size} "
-                                      f"bytes, the store {len(v)} (pending "
+                                      f"bytes, the store {len(val)} (pending "
                                       f"{fs.publisher.is_pending(p)}, key size "
                                       f"{c.manifest_key_size})")
 
@@ -777,15 +789,15 @@ class Runner:
         for off in range(0, len(data), piece):
             await fs.write(fh, off, data[off:off + piece])
 
-    async def save(self, op: Op, data: bytes, path: str | None = None) -> None:
+    async def save(self, op: Op, data: bytes, where: str | None = None) -> None:
         k = op.node
         model = self.model
-        if path is None:
-            files = self.files_of(k)
-            path = self.pick(files, op.a) if op.b % 2 and files else self.new_name(k, op.a,
-                                                                                   op.b)
-        if path in model.uncertain or model.uncertain.keys() & {path}:
+        files = self.files_of(k)
+        picked = where if where is not None else (
+            self.pick(files, op.a) if op.b % 2 and files else self.new_name(k, op.a, op.b))
+        if picked is None or picked in model.uncertain:
             return
+        path: str = picked
         cur = model.tree.get(path)
         if isinstance(cur, Dir) or (cur is not None and model.files[cur] is None):
             return
@@ -933,6 +945,7 @@ class Runner:
             assert isinstance(v, int)
             fid, trunc = v, op.c % 2 == 0
         fh = 0
+        incarnation = node.incarnation
         with node.op() as scope:
             try:
                 if fid not in model.files or model.files[fid] is None and path not in \
@@ -950,7 +963,7 @@ class Runner:
                 if model.files.get(fid) is None and model.tree.get(path) == fid:
                     del model.tree[path]
                 return
-        if scope.cancelled_caught or not fh:
+        if scope.cancelled_caught or not fh or not node.up or node.incarnation != incarnation:
             if model.files.get(fid) is None and model.tree.get(path) == fid:
                 del model.tree[path]
             return
@@ -1346,8 +1359,9 @@ class Runner:
 
     async def op_gc_quiet(self, op: Op) -> None:
         """gc with no grace where nothing writes: every node flushed, sightings stale
-        (then two runs: the chunks nothing names are set aside, then freed)."""
-        await self.quiesce(stale=True)
+        (then two runs: the chunks nothing names are set aside, then freed). A node that
+        is down stays down: its journaled manifests are confirmed again at its restart."""
+        await self.quiesce(stale=True, down_stay_down=True)
         base = LocalStore(self.store_dir)
         for _ in range(2):
             report = await trio.to_thread.run_sync(gc.collect, base, 0.0)
@@ -1397,8 +1411,8 @@ class Runner:
         base = LocalStore(self.store_dir)
         try:
             result = await trio.to_thread.run_sync(trash.restore, base, path)
-        except CkptfsError as e:
-            self.fail(f"trash restore {path}: {e} (the model holds "
+        except CkptfsError as err:
+            self.fail(f"trash restore {path}: {err} (the model holds "
                       f"{len(model.trash[path])} versions)")
         for e in result.restored:
             if e.is_dir:
@@ -1406,7 +1420,11 @@ class Runner:
                     model.tree[e.path] = DIR
                 continue
             m = Manifest.from_json(base.get(manifests.file_key(e.path)))
-            data = read_manifest_bytes(base, m)
+            try:
+                data = read_manifest_bytes(base, m)
+            except CkptfsError as err:
+                self.fail(f"trash restore {e.path}: the restored file names a chunk that is "
+                          f"gone from the store: {err}")
             versions = model.trash.get(e.path, [])
             if data not in versions:
                 self.fail(f"trash restore {e.path}: {_show(data)} was never trashed there "
@@ -1532,6 +1550,7 @@ class Runner:
             if op.b >> (len(name) % 8) & 1:
                 store.fail_rate(name, rate)
         store.lost_response = 0.05 if op.c % 2 else 0.0
+        store.refuse_manifests = op.c % 4 == 1  # closes journal, manifests wait
         store.timeout_rate = 0.02 if op.c % 3 == 0 else 0.0
 
     async def op_outage(self, op: Op) -> None:
@@ -1570,9 +1589,6 @@ class Runner:
             await self.up(k)
         await self.sync_all()
         if final:
-            for hid, h in sorted(self.model.handles.items()):
-                await self.close_like(Op("close", h.node, 0, 0, 0), close=True) \
-                    if False else None
             for k in range(self.n_nodes):
                 for hid in sorted(h for h, hd in self.model.handles.items() if hd.node == k):
                     hs = sorted(h for h, hd in self.model.handles.items() if hd.node == k)
@@ -1682,9 +1698,19 @@ def _show(v: object) -> str:
 
 
 # ================================================================== entry points
+def scratch(fallback: Path) -> Path:
+    """Where a schedule's store and caches go: tmpfs when there is one (the journal's
+    fsyncs cost nothing there: the soak runs many more schedules), else `fallback`."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"ckptfs-soak-{os.getpid()}" / fallback.name
+    return fallback
+
+
 def run_one(seed: int, n_ops: int, workdir: Path, ops: list[Op] | None = None,
             check_every: int = 0) -> Result:
     """Run the schedule of `seed` (or `ops`) in `workdir` (emptied first)."""
+    workdir = scratch(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     schedule = ops if ops is not None else generate(seed, n_ops)
