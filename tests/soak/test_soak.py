@@ -4,9 +4,8 @@ Replay one: pytest tests/soak --seed N [--ops N] [--shrink]."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 import pytest
 import soaklib
