@@ -8,6 +8,13 @@ CI_OPS = 200
 CI_SEEDS = list(range(1000, 1100))
 #: (seed, ops, what it found): kept forever
 REGRESSION_SEEDS: list[tuple[int, int, str]] = [
+    (1045, 200, "ckptfs: an early upload finishing after a truncate dropped its chunk "
+                "(IndexError in the upload worker; writebuffer.truncate; "
+                "tests/core/test_soak_regressions.py)"),
+    (1010, 200, "harness: fsync through a read-only descriptor publishes the node's buffer"),
+    (5006, 104, "harness: a node restarted only after the model had moved on"),
+    (5005, 300, "harness: a crashed node's cache closed under its op's threads (EBADF)"),
+    (30, 50, "open finding O2: a stale own view of a file after a restart"),
 ]
 
 #: failures the soak found that are not yet fixed nor triaged to the end (docs/SOAK.md,

@@ -1157,10 +1157,19 @@ class Runner:
         await self.modify_closed(op, "truncate", change)
 
     async def op_fsync_closed(self, op: Op) -> None:
+        """fsync through a read-only descriptor: of a file open for writing here, it
+        publishes what was written (the buffer is the node's, not the descriptor's)."""
         k = op.node
         path = self.pick(self.files_of(k), op.a)
         if path is None:
             return
+        fid = self.model.tree[path]
+        assert isinstance(fid, int)
+        if fid in self.model.pending:
+            before = {path: self.snapshot_under(path)}
+            self.publish_pending(fid)
+            self.model.trash_uncertain.add(path)
+            self.uncertain_from(before, [path])  # a crash or a store error may cut it
         node = await self.up(k)
         with node.op():
             fs = self.fs(k)
@@ -1246,7 +1255,10 @@ class Runner:
         if digest(got) not in self.model.ever.get(path, set()):
             # also fine: a version of the file under a name it had before a rename
             if not any(digest(got) in s for s in self.model.ever.values()):
-                self.fail(f"n{k} read {path} of n{other}: {_show(got)}, never written")
+                cur = self.model.value(path)
+                self.fail(f"n{k} read {path} of n{other}: {_show(got)}, never written"
+                          + (_diff(got, cur) + " against its acknowledged version"
+                             if isinstance(cur, bytes) else ""))
 
     # ------------------------------------------------------------ namespace
     async def op_rename(self, op: Op) -> None:
