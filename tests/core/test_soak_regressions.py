@@ -1,5 +1,4 @@
-"""Bugs the seeded soak found (docs/SOAK.md, "Bugs found"), each made exact here: an
-early upload of a chunk that a truncate dropped meanwhile finishes (seed 1045)."""
+"""Bugs the seeded soak found (docs/SOAK.md, "Bugs found"), each made exact."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The soak's real-process level: the same generator drives 2 `ckptfs mount` daemons on
-SeaweedFS behind the fault proxy, with kill -9 of a daemon and a remount (docs/SOAK.md)."""
+"""The soak's real-process level: 2 FUSE mounts on SeaweedFS behind the fault proxy, kill -9."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The seeded fault soak (docs/SOAK.md): a schedule generator, nodes of the core tier over
-one store with faults, a model of what was acknowledged, and the oracle's checks."""
+"""The seeded fault soak (docs/SOAK.md): schedules, nodes, faults, the model and the oracle."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The soak's real-process level in CI: one short schedule on 2 FUSE mounts on SeaweedFS
-behind the fault proxy, with kill -9 and remounts (docs/SOAK.md)."""
+"""The soak's real-process level in CI: one short schedule on 2 FUSE mounts, with kill -9."""
 
 from __future__ import annotations
 

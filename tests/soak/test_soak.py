@@ -1,6 +1,4 @@
-"""The seeded soak (docs/SOAK.md): each schedule over 3 nodes of the core tier on one
-store, with crashes and store faults, checked against the model of what was acknowledged.
-Replay one: pytest tests/soak --seed N [--ops N] [--shrink]."""
+"""The seeded soak in CI (docs/SOAK.md); replay one: pytest tests/soak --seed N [--ops N]."""
 
 from __future__ import annotations
 
