@@ -508,6 +508,7 @@ class Runner:
         self.trace: list[str] = []
         self.pending_crashes = 0
         self.crashes_done = trio.Event()
+        self.step_before: dict[str, Value] = {}
 
     # ------------------------------------------------------------ plumbing
     def fail(self, what: str) -> NoReturn:
@@ -601,6 +602,8 @@ class Runner:
             if not self.nodes[op.node].up and op.a % 3:
                 return  # the node stays down a while (gc may run meanwhile)
             await self.up(op.node)  # restarted (and observed) before the model moves on
+        # the state before the op: what an op cut by a crash may have left instead
+        self.step_before = {p: self.model.value(p) for p in self.model.tree}
         await handler(op)
         self.result.times[op.kind] = (self.result.times.get(op.kind, 0.0)
                                       + time.monotonic() - t)
@@ -609,7 +612,8 @@ class Runner:
         """Run `body` on node k. If the node crashes during it or the store fails it, the
         paths it touches are uncertain (before or after) until observed. -> done?"""
         node = await self.up(k)
-        before = {p: self.snapshot_under(p) for p in paths}
+        before = {p: {q: v for q, v in self.step_before.items()
+                      if q == p or q.startswith(p + "/")} for p in paths}
         ok = False
         with node.op() as scope:
             try:
