@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -1743,6 +1744,10 @@ def shrink(seed: int, ops: list[Op], workdir: Path, budget: float = 120.0
            ) -> list[Op]:
     """A shorter schedule that still fails (delta debugging within `budget` seconds)."""
     deadline = time.monotonic() + budget
+    first = run_one(seed, 0, workdir, ops).failure
+    if first is None:
+        return list(ops)  # it passed this time (interleavings differ)
+    kind = failure_kind(first)
     cur = list(ops)
     n = 2
     while len(cur) >= 2 and time.monotonic() < deadline:
@@ -1752,7 +1757,8 @@ def shrink(seed: int, ops: list[Op], workdir: Path, budget: float = 120.0
             if time.monotonic() >= deadline:
                 break
             cand = cur[:start] + cur[start + size:]
-            if run_one(seed, 0, workdir, cand).failure is not None:
+            got = run_one(seed, 0, workdir, cand).failure
+            if got is not None and failure_kind(got) == kind:
                 cur, n, reduced = cand, max(n - 1, 2), True
                 break
         if not reduced:
@@ -1760,6 +1766,13 @@ def shrink(seed: int, ops: list[Op], workdir: Path, budget: float = 120.0
                 break
             n = min(len(cur), n * 2)
     return cur
+
+
+def failure_kind(failure: str) -> str:
+    """A failure's class, for shrinking: its first line without the op number, paths,
+    sizes and hashes (a shorter schedule must fail the same way, not just fail)."""
+    line = failure.split("\n")[0].split(": ", 1)[-1]
+    return re.sub(r"[\w/.-]*\d[\w/.-]*", "#", line)[:60]
 
 
 def describe(result: Result, ops: list[Op] | None = None) -> str:
