@@ -273,14 +273,21 @@ class Node:
         finally:
             self.stopped.set()
 
-    @contextlib.contextmanager
-    def op(self) -> Iterator[trio.CancelScope]:
+    @contextlib.asynccontextmanager
+    async def op(self) -> AsyncIterator[trio.CancelScope]:
         """The scope one operation on this node runs in (a crash cancels it too)."""
         with trio.CancelScope() as scope:
             self.op_scope = scope
             self.op_idle = trio.Event()
             try:
                 yield scope
+            except RuntimeError as e:
+                # the crash came between an await's result and the next checkpoint: the
+                # op went on to start a task in the node's closed nursery (a kill stops
+                # it at once); it counts as cut by the crash
+                if not scope.cancel_called or "closed to new arrivals" not in str(e):
+                    raise
+                await trio.lowlevel.checkpoint()
             finally:
                 self.op_scope = None
                 self.op_idle.set()
@@ -565,7 +572,7 @@ class Runner:
                 for k in range(self.n_nodes):
                     await self.nodes[k].start()
                     fs = self.fs(k)
-                    with self.nodes[k].op():
+                    async with self.nodes[k].op():
                         await fs.mkdir(ROOT, f"n{k}", 0o755)
                     self.model.tree[f"n{k}"] = DIR
                 try:
@@ -616,7 +623,7 @@ class Runner:
         before = {p: {q: v for q, v in self.step_before.items()
                       if q == p or q.startswith(p + "/")} for p in paths}
         ok = False
-        with node.op() as scope:
+        async with node.op() as scope:
             try:
                 await body()
                 ok = True
@@ -711,7 +718,7 @@ class Runner:
         if lost_cache or fs.dir_at(f"n{k}") is None:
             # a node that lost its cache directory starts empty: its root is in the store
             # unless nothing of it ever got there
-            with node.op():
+            async with node.op():
                 try:
                     await fs.mkdir(ROOT, f"n{k}", 0o755)
                 except CkptfsError:
@@ -895,7 +902,7 @@ class Runner:
                 q.startswith(path + "/") for q in self.model.uncertain):
             # not empty: ENOTEMPTY, nothing changes
             node = await self.up(k)
-            with node.op():
+            async with node.op():
                 fs = self.fs(k)
                 try:
                     parent = await self.resolve(fs, path.rsplit("/", 1)[0])
@@ -950,7 +957,7 @@ class Runner:
             fid, trunc = v, op.c % 2 == 0
         fh = 0
         incarnation = node.incarnation
-        with node.op() as scope:
+        async with node.op() as scope:
             try:
                 if fid not in model.files or model.files[fid] is None and path not in \
                         model.tree:
@@ -998,7 +1005,7 @@ class Runner:
         node = await self.up(op.node)
         buf = self.handle_content(h)
         call = change(buf)
-        with node.op() as scope:
+        async with node.op() as scope:
             try:
                 await call(self.fs(op.node), h.fh)
             except CkptfsError as e:
@@ -1079,7 +1086,7 @@ class Runner:
 
         node = await self.up(op.node)
         ok = False
-        with node.op() as scope:
+        async with node.op() as scope:
             try:
                 await body()
                 ok = True
@@ -1175,7 +1182,7 @@ class Runner:
             self.model.trash_uncertain.add(path)
             self.uncertain_from(before, [path])  # a crash or a store error may cut it
         node = await self.up(k)
-        with node.op():
+        async with node.op():
             fs = self.fs(k)
             try:
                 fnode = await self.resolve(fs, path)
@@ -1216,7 +1223,7 @@ class Runner:
             self.model.files[fid]
         node = await self.up(k)
         got: bytes | None = None
-        with node.op():
+        async with node.op():
             try:
                 got = await self.read_path(self.fs(k), path)
             except CkptfsError as e:
@@ -1249,7 +1256,7 @@ class Runner:
             return
         node = await self.up(k)
         got: bytes | None = None
-        with node.op():
+        async with node.op():
             try:
                 got = await self.read_path(self.fs(k), path)
             except CkptfsError:
@@ -1637,9 +1644,12 @@ class Runner:
                 fs = node.fs
                 assert fs is not None
                 problems_k = fs.problems()
+                # handles an op cut by a crash left open (the model lost them) keep a
+                # buffer: status reports them as open files, and umount as not durable
+                open_k = fs.open_buffers()
                 durable = await node.stop()
                 lost_k = {f.path for f in fs.uploader.lost_files()}
-                if not durable and not lost_k:
+                if not durable and not lost_k and not open_k:
                     self.fail(f"n{k}: unmount not durable: {fs.statistics().errors}")
                 if lost_k and not any("DATA LOST" in p for p in problems_k):
                     self.fail(f"n{k}: files lost but not reported: {sorted(lost_k)}")
@@ -1783,6 +1793,3 @@ def describe(result: Result, ops: list[Op] | None = None) -> str:
     return text
 
 
-@contextlib.asynccontextmanager
-async def _unused() -> AsyncIterator[None]:  # keeps the import of AsyncIterator honest
-    yield
