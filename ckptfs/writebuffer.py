@@ -206,6 +206,7 @@ class WriteBuffer:
                 await self._copy_in(h, n, self.layout.span(last, size)[0])
             for i in range(count, self.layout.count(self.size)):
                 start = self.layout.span(i, self.size)[0]
+                self.versions.pop(i, None)  # an early upload of it in flight: not ours
                 if self.remote.pop(i, None) is None:
                     self.hashes.pop(i, None)
                     self.cache.clear_dirty(self.staging, start)

@@ -1,0 +1,33 @@
+"""The seeds CI runs: a fixed range, and every seed that once failed (docs/SOAK.md)."""
+
+from __future__ import annotations
+
+#: operations per CI schedule
+CI_OPS = 200
+#: the fixed set: 100 schedules
+CI_SEEDS = list(range(1000, 1100))
+#: (seed, ops, what it found): kept forever
+REGRESSION_SEEDS: list[tuple[int, int, str]] = [
+    (1045, 200, "ckptfs: an early upload finishing after a truncate dropped its chunk "
+                "(IndexError in the upload worker; writebuffer.truncate; "
+                "tests/core/test_soak_regressions.py)"),
+    (1010, 200, "harness: fsync through a read-only descriptor publishes the node's buffer"),
+    (5006, 104, "harness: a node restarted only after the model had moved on"),
+    (5005, 300, "harness: a crashed node's cache closed under its op's threads (EBADF)"),
+    (1026, 200, "harness: an op on a node that crashed between an await and its next "
+                "checkpoint (Nursery is closed to new arrivals)"),
+    (7149, 300, "open finding O5 (not triaged): older bytes where the model has zeros"),
+    (30, 50, "harness: an op cut by a crash left nothing uncertain (before == after)"),
+]
+
+#: failures the soak found that are not yet fixed nor triaged to the end (docs/SOAK.md,
+#: "Open findings"): a CI schedule that fails with one of these is reported as xfail
+#: (with its seed and schedule) instead of failing the suite; any other failure (fsck
+#: problems, a chunk gone, a read of bytes never written, a crash of the harness) fails
+OPEN_FINDINGS: list[tuple[str, str]] = [
+    (r"(write|ftruncate) on h\d+: MissingChunkError: .*injected",
+     "H1: harness: a write into an open file fails while faults are armed"),
+    (r"read \S+ on n\d: \d+ bytes \w+, acknowledged \d+ bytes .*want 0000",
+     "O5: a file holds older bytes where the model has a truncate's zeros (seed 7149)"),
+    (r"sync did not finish", "O4: a sync that does not finish (seen once, early harness)"),
+]

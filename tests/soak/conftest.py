@@ -1,0 +1,33 @@
+"""Options of the soak tier: --seed N replays one schedule, --ops N sets its length."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("soak")
+    group.addoption("--seed", type=int, default=None,
+                    help="tests/soak: replay the schedule of this one seed")
+    group.addoption("--ops", type=int, default=None,
+                    help="tests/soak: operations per schedule (with --seed)")
+    group.addoption("--shrink", action="store_true", default=False,
+                    help="tests/soak: shrink a failing --seed to a short schedule")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "soak_seed" not in metafunc.fixturenames:
+        return
+    from ci_seeds import CI_OPS, CI_SEEDS, REGRESSION_SEEDS
+
+    seed = metafunc.config.getoption("--seed", default=None)
+    ops = metafunc.config.getoption("--ops", default=None)
+    if seed is not None:
+        cases = [] if metafunc.function.__name__ == "test_regression_seed" else [
+            (seed, ops or CI_OPS)]
+    elif metafunc.function.__name__ == "test_regression_seed":
+        cases = [(s, n) for s, n, _ in REGRESSION_SEEDS]
+    else:
+        cases = [(s, CI_OPS) for s in CI_SEEDS]
+    metafunc.parametrize("soak_seed,soak_ops", cases,
+                         ids=[f"seed{s}x{n}" for s, n in cases])
