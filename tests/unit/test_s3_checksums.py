@@ -1,7 +1,7 @@
 """What the S3 client computes on each request (no network: botocore's `before-send`
 event answers in place of a server): no SHA-256 of PUT bodies where TLS or the loopback
 already carries them, no CRC32 or MD5 beside xxh3, no checksum validation on GET; chunk
-bodies joined once into reused memory (docs/_cpu_results.md)."""
+bodies joined once into reused memory (docs/PERFORMANCE.md, "CPU per GiB")."""
 
 from __future__ import annotations
 
