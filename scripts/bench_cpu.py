@@ -123,19 +123,12 @@ class Profiler:
             self.proc.wait(30)
 
 
-def drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass
-
-
 def run_target(work: Path, state: dict[str, object], store: str, extra: list[str],
                weed: int | None, tree: str | None, profile: Path | None, name: str
                ) -> dict[str, dict[str, float]]:
     """One save, upload and fetch of `state` on `store`: {phase: {wall, daemon, weed}}."""
-    import torch
+    import torch  # (here, as bench.py, which imports it: --help stays instant)
+    from bench import drop_caches
 
     mnt, mnt2 = work / "mnt", work / "mnt2"
     cache, cache2 = work / "cache", work / "cache2"

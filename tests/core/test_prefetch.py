@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from corefs import CHUNK, ROOT, core, run, write_file
@@ -23,6 +24,28 @@ def other_node(tmp_path: Path) -> Path:
     return other
 
 
+def read_on_another_node(tmp_path: Path, data: bytes,
+                         body: Callable[[CheckpointFS, int], Awaitable[None]]) -> None:
+    """Write `data` as ckpt.bin on one node, then run body(fs, fh) with it open
+    read-only on another node, whose fetches start from nothing."""
+
+    async def write() -> None:
+        async with core(tmp_path) as fs:
+            await write_file(fs, "ckpt.bin", data)
+            await fs.wait_all_flushed()
+
+    async def read() -> None:
+        async with core(other_node(tmp_path), prefetch_window=WINDOW * CHUNK) as fs:
+            node = await fs.lookup(ROOT, "ckpt.bin")
+            assert isinstance(node, FileNode)
+            fh, _ = await fs.open(node.inode, os.O_RDONLY)
+            await body(fs, fh)
+            await fs.release(fh)
+
+    run(write)
+    run(read)
+
+
 async def fetched(fs: CheckpointFS) -> int:
     """Chunks fetched so far, once every fetch started has finished."""
     await wait_until_async(lambda: fs.fetcher.statistics().inflight == 0)
@@ -34,24 +57,13 @@ def test_a_reader_prefetches_a_window_ahead_of_it_not_the_whole_file(tmp_path: P
     node never holds the whole file fetched and unread."""
     data = random_bytes(N * CHUNK)
 
-    async def write() -> None:
-        async with core(tmp_path) as fs:
-            await write_file(fs, "ckpt.bin", data)
-            await fs.wait_all_flushed()
+    async def body(fs: CheckpointFS, fh: int) -> None:
+        assert await fetched(fs) == WINDOW
+        for i in range(N):
+            assert await fs.read(fh, i * CHUNK, CHUNK) == data[i * CHUNK:(i + 1) * CHUNK]
+            assert await fetched(fs) == min(N, i + 1 + WINDOW)
 
-    async def read() -> None:
-        async with core(other_node(tmp_path), prefetch_window=WINDOW * CHUNK) as fs:
-            node = await fs.lookup(ROOT, "ckpt.bin")
-            assert isinstance(node, FileNode)
-            fh, _ = await fs.open(node.inode, os.O_RDONLY)
-            assert await fetched(fs) == WINDOW
-            for i in range(N):
-                assert await fs.read(fh, i * CHUNK, CHUNK) == data[i * CHUNK:(i + 1) * CHUNK]
-                assert await fetched(fs) == min(N, i + 1 + WINDOW)
-            await fs.release(fh)
-
-    run(write)
-    run(read)
+    read_on_another_node(tmp_path, data, body)
 
 
 def test_the_window_follows_a_reader_that_jumps(tmp_path: Path) -> None:
@@ -60,26 +72,15 @@ def test_the_window_follows_a_reader_that_jumps(tmp_path: Path) -> None:
     fetched twice."""
     data = random_bytes(N * CHUNK)
 
-    async def write() -> None:
-        async with core(tmp_path) as fs:
-            await write_file(fs, "ckpt.bin", data)
-            await fs.wait_all_flushed()
+    async def body(fs: CheckpointFS, fh: int) -> None:
+        assert await fetched(fs) == WINDOW  # chunks 0-3
+        end = (N - 1) * CHUNK
+        assert await fs.read(fh, end, CHUNK) == data[end:]
+        assert await fetched(fs) == WINDOW + 1  # the last chunk: nothing after it
+        mid = 20 * CHUNK
+        assert await fs.read(fh, mid, CHUNK) == data[mid:mid + CHUNK]
+        assert await fetched(fs) == WINDOW + 1 + 1 + WINDOW  # 20, then 21-24
+        assert await fs.read(fh, CHUNK, CHUNK) == data[CHUNK:2 * CHUNK]
+        assert await fetched(fs) == 2 * WINDOW + 2 + 2  # 2-5: 4 and 5 are new
 
-    async def read() -> None:
-        async with core(other_node(tmp_path), prefetch_window=WINDOW * CHUNK) as fs:
-            node = await fs.lookup(ROOT, "ckpt.bin")
-            assert isinstance(node, FileNode)
-            fh, _ = await fs.open(node.inode, os.O_RDONLY)
-            assert await fetched(fs) == WINDOW  # chunks 0-3
-            end = (N - 1) * CHUNK
-            assert await fs.read(fh, end, CHUNK) == data[end:]
-            assert await fetched(fs) == WINDOW + 1  # the last chunk: nothing after it
-            mid = 20 * CHUNK
-            assert await fs.read(fh, mid, CHUNK) == data[mid:mid + CHUNK]
-            assert await fetched(fs) == WINDOW + 1 + 1 + WINDOW  # 20, then 21-24
-            assert await fs.read(fh, CHUNK, CHUNK) == data[CHUNK:2 * CHUNK]
-            assert await fetched(fs) == 2 * WINDOW + 2 + 2  # 2-5: 4 and 5 are new
-            await fs.release(fh)
-
-    run(write)
-    run(read)
+    read_on_another_node(tmp_path, data, body)
