@@ -257,7 +257,7 @@ def bench_trivial(work: Path, state: dict[str, object], settled: bool
     dropped; the mount's read-ahead raised as ckptfs raises its own)."""
     from bench_fuse_floor import start_trivial
 
-    from ckptfs.mount import tune_readahead
+    from ckptfs.daemon.mount import tune_readahead
 
     mnt, backing = work / "trivial", work / "trivial-backing"
     mnt.mkdir()

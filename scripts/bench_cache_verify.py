@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench import drop_caches, run  # noqa: E402  (scripts/bench.py)
 from seaweed import SeaweedServer  # noqa: E402
 
-from ckptfs import codec  # noqa: E402
-from ckptfs.cache import LocalCache  # noqa: E402
+from ckptfs.format import codec  # noqa: E402
+from ckptfs.pipeline.cache import LocalCache  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = 16 * MiB

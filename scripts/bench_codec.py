@@ -27,7 +27,7 @@ import torch
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ckptfs import codec  # noqa: E402
+from ckptfs.format import codec  # noqa: E402
 
 CHUNK = 16 * 1024 * 1024
 RUNS = 3

@@ -186,8 +186,8 @@ def parse_targets(spec: str) -> list[tuple[str, str, str | None, list[str]]]:
         if kind not in ("ck-s3", "ck-dir"):
             raise BenchError(f"unknown target {t!r} (ck-s3 or ck-dir, with @TREE and "
                              f":OPTIONS as in bench.py)")
-        if tree and not (Path(tree) / "ckptfs" / "cli.py").is_file():
-            raise BenchError(f"{tree} is not a ckptfs source tree (no ckptfs/cli.py)")
+        if tree and not (Path(tree) / "ckptfs" / "__init__.py").is_file():
+            raise BenchError(f"{tree} is not a ckptfs source tree (no ckptfs/__init__.py)")
         targets.append((t, kind, tree or None, options.split()))
     return targets
 

@@ -54,8 +54,8 @@ from bench import drop_caches, peak_rss, settle, state_dict  # noqa: E402
 from bench_fuse_floor import start_trivial  # noqa: E402
 from seaweed import SeaweedServer  # noqa: E402
 
-from ckptfs import control  # noqa: E402
-from ckptfs.mount import control_socket_path  # noqa: E402
+from ckptfs.daemon import control  # noqa: E402
+from ckptfs.daemon.mount import control_socket_path  # noqa: E402
 
 CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
 GiB = 2**30

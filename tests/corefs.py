@@ -10,17 +10,17 @@ from pathlib import Path
 
 import trio
 
-from ckptfs.cache import LocalCache
-from ckptfs.fetcher import Fetcher
-from ckptfs.filesystem import CheckpointFS, Options
-from ckptfs.journal import Journal
-from ckptfs.mount import create_store, read_store_info
-from ckptfs.namespace import FileNode
-from ckptfs.publisher import Publisher
-from ckptfs.recovery import JournalCheck
+from ckptfs.daemon.mount import create_store, read_store_info
+from ckptfs.fs.filesystem import CheckpointFS, Options
+from ckptfs.fs.namespace import FileNode
+from ckptfs.pipeline.cache import LocalCache
+from ckptfs.pipeline.fetcher import Fetcher
+from ckptfs.pipeline.journal import Journal
+from ckptfs.pipeline.publisher import Publisher
+from ckptfs.pipeline.recovery import JournalCheck
+from ckptfs.pipeline.uploader import QUEUE_LIMIT, Uploader
 from ckptfs.store.base import AsyncStore
 from ckptfs.store.local import LocalStore
-from ckptfs.uploader import QUEUE_LIMIT, Uploader
 
 KiB = 1024
 CHUNK = 64 * KiB

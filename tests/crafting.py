@@ -11,9 +11,9 @@ import pytest
 from mounting import run_cli
 from support import random_bytes
 
-from ckptfs import manifests
-from ckptfs.codec import HEADER_SIZE, chunk_hash, decode_chunk, encode_chunk
-from ckptfs.manifests import Manifest, StoreInfo
+from ckptfs.format import manifests
+from ckptfs.format.codec import HEADER_SIZE, chunk_hash, decode_chunk, encode_chunk
+from ckptfs.format.manifests import Manifest, StoreInfo
 from ckptfs.store.azure import AzureStore
 from ckptfs.store.base import Store
 from ckptfs.store.gcs import GcsStore

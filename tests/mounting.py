@@ -82,8 +82,8 @@ class Mount:
     def sync(self, timeout: float = 120) -> None:
         """`ckptfs sync` of the mount, in this process (no interpreter started): returns
         when everything closed so far is in the store."""
-        from ckptfs import control
-        from ckptfs.mount import control_socket_path
+        from ckptfs.daemon import control
+        from ckptfs.daemon.mount import control_socket_path
 
         for answer in control.request(control_socket_path(str(self.cache)), "sync",
                                       timeout=timeout):

@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
-from ckptfs import codec
-from ckptfs.cache import LocalCache, StagingFile
-from ckptfs.manifests import chunk_key
+from ckptfs.format import codec
+from ckptfs.format.manifests import chunk_key
+from ckptfs.pipeline.cache import LocalCache, StagingFile
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
 

@@ -1,4 +1,6 @@
-"""Object stores: the Store interface, its implementations, and open_store() for a store URL."""
+"""Object stores: the Store interface, its implementations, open_store() for a store URL.
+
+May import ckptfs.common only (never the format: callers pass what a store must know)."""
 
 from __future__ import annotations
 
@@ -6,14 +8,14 @@ import os
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
-from .base import AsyncStore, Listing, ObjectInfo, Store
-from .local import LocalStore
+from ckptfs.common.errors import ConfigError
+from ckptfs.store.base import AsyncStore, Listing, ObjectInfo, Store
+from ckptfs.store.local import LocalStore
 
 if TYPE_CHECKING:
-    from .azure import AzureStore
-    from .gcs import GcsStore
-    from .s3 import S3Store
+    from ckptfs.store.azure import AzureStore
+    from ckptfs.store.gcs import GcsStore
+    from ckptfs.store.s3 import S3Store
 
 __all__ = ["AsyncStore", "AzureStore", "GcsStore", "Listing", "LocalStore", "ObjectInfo",
            "S3Store", "Store", "check_endpoint", "default_endpoint", "directory_of",
@@ -27,15 +29,15 @@ ENDPOINT_VARS = {"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST"}
 def __getattr__(name: str) -> object:
     """Import a cloud store (and with it its SDK) only when someone asks for it."""
     if name == "S3Store":
-        from .s3 import S3Store
+        from ckptfs.store.s3 import S3Store
 
         return S3Store
     if name == "AzureStore":
-        from .azure import AzureStore
+        from ckptfs.store.azure import AzureStore
 
         return AzureStore
     if name == "GcsStore":
-        from .gcs import GcsStore
+        from ckptfs.store.gcs import GcsStore
 
         return GcsStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -72,13 +74,15 @@ def open_store(
     region: str | None = None,
     max_pool_connections: int = 32,
     storage_class: str | None = None,
+    storage_class_prefix: str = "",
 ) -> Store:
     """The store at `url`: s3://bucket[/prefix], az://container[/prefix],
     gs://bucket[/prefix], file:///abs/path, or a directory path.
 
     `endpoint_url`: the endpoint of the cloud the URL names (an S3-compatible server, an
     Azure blob endpoint such as Azurite's, a GCS endpoint such as an emulator's).
-    `region`, `storage_class` (of chunk objects): S3 stores only."""
+    `region`, `storage_class` (of the objects whose keys start with
+    `storage_class_prefix`: the format's chunks): S3 stores only."""
     scheme, sep, rest = url.partition("://")
     if storage_class and scheme.lower() != "s3":
         raise ConfigError(f"--storage-class applies to s3:// stores only, not {url}")
@@ -97,20 +101,20 @@ def open_store(
         bucket, _, prefix = rest.partition("/")
         if not bucket:
             raise ConfigError(f"store URL names no bucket: {url}")
-        from .s3 import S3Store
+        from ckptfs.store.s3 import S3Store
 
         return S3Store(bucket, prefix, endpoint_url, region, max_pool_connections,
-                       chunk_storage_class=storage_class)
+                       storage_class=storage_class, storage_class_prefix=storage_class_prefix)
     if scheme.lower() in ("az", "gs"):
         container, _, prefix = rest.partition("/")
         if not container:
             kind = "container" if scheme.lower() == "az" else "bucket"
             raise ConfigError(f"store URL names no {kind}: {url}")
         if scheme.lower() == "az":
-            from .azure import AzureStore
+            from ckptfs.store.azure import AzureStore
 
             return AzureStore(container, prefix, endpoint_url, max_pool_connections)
-        from .gcs import GcsStore
+        from ckptfs.store.gcs import GcsStore
 
         return GcsStore(container, prefix, endpoint_url, max_pool_connections)
     raise ConfigError(f"unsupported store URL (want s3://, az://, gs://, file:// or a path): "

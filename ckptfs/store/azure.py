@@ -23,8 +23,8 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobPrefix, BlobServiceClient, ContainerClient, LinearRetry
 
-from ..crashpoints import crash_point
-from ..errors import (
+from ckptfs.common.crashpoints import crash_point
+from ckptfs.common.errors import (
     ConfigError,
     KeyTooLongError,
     NotFoundError,
@@ -32,7 +32,7 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from .base import (
+from ckptfs.store.base import (
     Listing,
     ObjectInfo,
     PrefixedStore,

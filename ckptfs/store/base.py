@@ -12,9 +12,9 @@ from typing import Self, TypeVar
 
 import trio
 
-from ..crashpoints import crash_point
-from ..errors import InvalidKeyError, PermanentStoreError, StoreError
-from ..retry import retrying
+from ckptfs.common.crashpoints import crash_point
+from ckptfs.common.errors import InvalidKeyError, PermanentStoreError, StoreError
+from ckptfs.common.retry import retrying
 
 T = TypeVar("T")
 
@@ -101,7 +101,7 @@ class Store(abc.ABC):
     """A flat key space of immutable-ish objects; every method blocks and is thread-safe.
 
     Keys are relative to the store's root (bucket prefix or directory). Errors are the
-    StoreError family of ckptfs.errors: NotFoundError, TransientStoreError (retry),
+    StoreError family of ckptfs.common.errors: NotFoundError, TransientStoreError (retry),
     PermanentStoreError (do not retry).
     """
 

@@ -9,8 +9,8 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-from ..errors import TransientStoreError
-from .base import Listing, ObjectInfo, Store
+from ckptfs.common.errors import TransientStoreError
+from ckptfs.store.base import Listing, ObjectInfo, Store
 
 OPS = ("put", "get", "get_range", "head", "delete", "list", "copy", "scan", "stat",
        "rename", "put_if_absent")

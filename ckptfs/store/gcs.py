@@ -19,8 +19,8 @@ from google.cloud import storage
 from google.resumable_media import common as media
 from urllib3.util.retry import Retry
 
-from ..crashpoints import crash_point
-from ..errors import (
+from ckptfs.common.crashpoints import crash_point
+from ckptfs.common.errors import (
     ConfigError,
     KeyTooLongError,
     NotFoundError,
@@ -28,7 +28,7 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from .base import (
+from ckptfs.store.base import (
     Listing,
     ObjectInfo,
     PrefixedStore,

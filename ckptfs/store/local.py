@@ -10,15 +10,15 @@ import secrets
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..crashpoints import crash_point
-from ..errors import (
+from ckptfs.common.crashpoints import crash_point
+from ckptfs.common.errors import (
     InvalidKeyError,
     KeyTooLongError,
     NotFoundError,
     PermanentStoreError,
     TransientStoreError,
 )
-from .base import Listing, ObjectInfo, Store, check_key
+from ckptfs.store.base import Listing, ObjectInfo, Store, check_key
 
 #: suffix of every object file; escaped names never contain it, so it never names a directory
 OBJECT_SUFFIX = "%o"

@@ -26,8 +26,8 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from ..crashpoints import crash_point
-from ..errors import (
+from ckptfs.common.crashpoints import crash_point
+from ckptfs.common.errors import (
     ConfigError,
     KeyTooLongError,
     NotFoundError,
@@ -35,8 +35,7 @@ from ..errors import (
     StoreError,
     TransientStoreError,
 )
-from ..manifests import CHUNKS
-from .base import (
+from ckptfs.store.base import (
     Listing,
     ObjectInfo,
     PrefixedStore,
@@ -194,11 +193,14 @@ class S3Store(PrefixedStore):
         max_pool_connections: int = 32,
         connect_timeout: float = 5,
         read_timeout: float = 60,
-        chunk_storage_class: str | None = None,
+        storage_class: str | None = None,
+        storage_class_prefix: str = "",
     ) -> None:
         self.bucket = bucket
-        # S3 storage class of chunk objects (all other objects: the bucket's default)
-        self.chunk_storage_class = chunk_storage_class
+        # S3 storage class of the objects under storage_class_prefix (the format's chunks,
+        # named by the caller); all other objects get the bucket's default
+        self.storage_class = storage_class
+        self.storage_class_prefix = storage_class_prefix
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
         config = client_config(endpoint_url, max_pool_connections, connect_timeout,
@@ -271,7 +273,8 @@ class S3Store(PrefixedStore):
         body in a BytesIO, which http.client then sends 16 KiB at a time (a copy and a
         send call each), after an Expect: 100-continue round trip."""
         self.check_length(key)
-        storage_class = self.chunk_storage_class if key.startswith(CHUNKS) else None
+        storage_class = (self.storage_class if key.startswith(self.storage_class_prefix)
+                         else None)
         body = (self._bodies.join(parts) if sum(len(p) for p in parts) >= POOLED_BODY
                 else None)
         if body is None:
@@ -334,14 +337,14 @@ class S3Store(PrefixedStore):
     def check_storage_class(self) -> None:
         """PUT (and delete) a small probe object with the chunk storage class, so that a
         class the server refuses is a one-line error at mount, not a failing upload."""
-        if not self.chunk_storage_class:
+        if not self.storage_class:
             return
         probe = "ckptfs-storage-class-probe"
         try:
-            self._put(probe, b"probe", self.chunk_storage_class)
+            self._put(probe, b"probe", self.storage_class)
         except StoreError as e:
             raise ConfigError(f"the store refused --storage-class "
-                              f"{self.chunk_storage_class}: {e}") from None
+                              f"{self.storage_class}: {e}") from None
         self.delete(probe)
 
     def get(self, key: str) -> bytes:

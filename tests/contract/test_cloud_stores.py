@@ -21,7 +21,7 @@ from fakegcs import FakeGcsServer
 from faultproxy import FaultProxy, never
 from mounting import run_cli
 
-from ckptfs.errors import (
+from ckptfs.common.errors import (
     ConfigError,
     KeyTooLongError,
     PermanentStoreError,
@@ -343,7 +343,7 @@ def test_gcs_key_length_limit(gcs_store: GcsStore) -> None:
 
 def test_error_classes() -> None:
     """How each cloud's answers map to ckptfs's classes (docs/PERFORMANCE.md lists them)."""
-    from ckptfs.errors import NotFoundError
+    from ckptfs.common.errors import NotFoundError
     from ckptfs.store import azure, gcs
 
     assert azure.error_class(404, "BlobNotFound") is NotFoundError

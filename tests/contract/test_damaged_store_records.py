@@ -12,7 +12,7 @@ import pytest
 from crafting import StoreUnderTest, checkpoint, make_st, put_file, snapshot
 from mounting import run_cli
 
-from ckptfs import manifests
+from ckptfs.format import manifests
 
 DAMAGE: list[dict[str, Any]] = [{"mode": -1}, {"mode": 2**70},
                                 {"size": 1e308, "chunks": [["0" * 32, 1e308]]}]

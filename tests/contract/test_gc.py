@@ -35,18 +35,19 @@ from pipeline_helpers import staged
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until_async
 
-from ckptfs import gc, inspection, manifests
-from ckptfs.cache import LocalCache, StagingFile
 from ckptfs.cli import human
-from ckptfs.codec import chunk_hash, encode_chunk
-from ckptfs.errors import NotFoundError
-from ckptfs.gc import GcError, GcReport
-from ckptfs.journal import Journal
-from ckptfs.manifests import Manifest, chunk_key, fossil_key
-from ckptfs.publisher import Publisher
+from ckptfs.common.errors import NotFoundError
+from ckptfs.format import manifests
+from ckptfs.format.codec import chunk_hash, encode_chunk
+from ckptfs.format.manifests import Manifest, chunk_key, fossil_key
+from ckptfs.pipeline.cache import LocalCache, StagingFile
+from ckptfs.pipeline.journal import Journal
+from ckptfs.pipeline.publisher import Publisher
 from ckptfs.store.base import ObjectInfo, Store
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
+from ckptfs.tools import gc, inspection
+from ckptfs.tools.gc import GcError, GcReport
 
 DAY = 86400.0
 

@@ -17,12 +17,13 @@ from mounting import run_cli
 from seaweed import SeaweedServer
 from support import random_bytes
 
-from ckptfs import inspection, manifests
-from ckptfs.codec import chunk_hash, encode_chunk
-from ckptfs.errors import NoEntry
-from ckptfs.manifests import Manifest
+from ckptfs.common.errors import NoEntry
+from ckptfs.format import manifests
+from ckptfs.format.codec import chunk_hash, encode_chunk
+from ckptfs.format.manifests import Manifest
 from ckptfs.store.local import LocalStore
 from ckptfs.store.s3 import S3Store
+from ckptfs.tools import inspection
 
 
 # ---------------------------------------------------------------------------- fixtures

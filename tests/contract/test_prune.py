@@ -11,9 +11,10 @@ from pathlib import Path
 from crafting import StoreUnderTest, checkpoint, new_store, read_back, snapshot
 from mounting import run_cli
 
-from ckptfs import inspection, manifests, retention
+from ckptfs.format import manifests
 from ckptfs.store.base import Store
 from ckptfs.store.local import LocalStore
+from ckptfs.tools import inspection, retention
 
 STEPS = list(range(100, 1300, 100))  # step-100 .. step-1200
 

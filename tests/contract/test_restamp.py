@@ -17,14 +17,14 @@ from google.cloud.storage import Blob
 from seaweed import SeaweedServer
 from support import random_bytes
 
-from ckptfs import gc
-from ckptfs.codec import chunk_hash, encode_chunk
-from ckptfs.manifests import chunk_key, fossil_key
+from ckptfs.format.codec import chunk_hash, encode_chunk
+from ckptfs.format.manifests import chunk_key, fossil_key
 from ckptfs.store import base
 from ckptfs.store.azure import AzureStore
 from ckptfs.store.base import Store
 from ckptfs.store.gcs import GcsStore
 from ckptfs.store.s3 import S3Store
+from ckptfs.tools import gc
 
 
 def unreferenced_chunk(store: Store) -> str:
@@ -121,7 +121,7 @@ def test_a_restamp_that_keeps_failing_fails_the_move_for_good() -> None:
     """After its retries (retry.STORE_CALL: 6 tries), a stamp that still fails makes the
     move fail with a permanent error: no caller runs the move again (it would find the
     source gone and take the chunk for vanished)."""
-    from ckptfs.errors import PermanentStoreError, TransientStoreError
+    from ckptfs.common.errors import PermanentStoreError, TransientStoreError
 
     tries: list[int] = []
 

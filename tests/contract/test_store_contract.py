@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from seaweed import SeaweedServer
 
-from ckptfs.errors import (
+from ckptfs.common.errors import (
     InvalidKeyError,
     KeyTooLongError,
     NotFoundError,
@@ -783,7 +783,8 @@ def test_s3_rename_keeps_the_storage_class(seaweed: SeaweedServer, slow: bool,
         monkeypatch.setattr(base, "RESTAMP_AFTER", -1.0)
     bucket = seaweed.new_bucket()
     store = S3Store(bucket, "p", endpoint_url=seaweed.endpoint,
-                    chunk_storage_class="STANDARD_IA")
+                    storage_class="STANDARD_IA",
+                    storage_class_prefix="chunks/")
     try:
         store.put("chunks/ab/abc", b"chunk")
         store.rename("chunks/ab/abc", "fossils/ab/abc")

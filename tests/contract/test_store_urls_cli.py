@@ -15,7 +15,8 @@ import pytest
 from crafting import StoreUnderTest, checkpoint, snapshot
 from mounting import CKPTFS, run_cli
 
-from ckptfs import locate, manifests
+from ckptfs.daemon import locate
+from ckptfs.format import manifests
 from ckptfs.store.local import LocalStore
 
 

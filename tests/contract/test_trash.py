@@ -19,12 +19,13 @@ from crafting import CHUNK, StoreUnderTest, checkpoint, put_file, read_back, sto
 from mounting import run_cli
 from support import random_bytes
 
-from ckptfs import gc, manifests, retention, trash
-from ckptfs.journal import Journal, Op
-from ckptfs.manifests import FILES, TRASH
-from ckptfs.publisher import Publisher
+from ckptfs.format import manifests
+from ckptfs.format.manifests import FILES, TRASH
+from ckptfs.pipeline.journal import Journal, Op
+from ckptfs.pipeline.publisher import Publisher
 from ckptfs.store.base import ObjectInfo, Store
 from ckptfs.store.faulty import FaultyStore
+from ckptfs.tools import gc, retention, trash
 
 HOUR = 3600.0
 

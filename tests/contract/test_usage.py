@@ -14,10 +14,11 @@ from mounting import run_cli
 from seaweed import SeaweedServer
 from support import random_bytes
 
-from ckptfs import manifests, usage
-from ckptfs.codec import chunk_hash, encode_chunk
-from ckptfs.errors import NoEntry
+from ckptfs.common.errors import NoEntry
+from ckptfs.format import manifests
+from ckptfs.format.codec import chunk_hash, encode_chunk
 from ckptfs.store.base import Store
+from ckptfs.tools import usage
 
 
 def stored(store: Store, *hashes: str, prefix: str = manifests.CHUNKS) -> int:

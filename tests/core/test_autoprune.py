@@ -18,14 +18,15 @@ import trio.testing
 from corefs import core, run, write_file
 from support import random_bytes, wait_until_async
 
-from ckptfs import manifests, retention
-from ckptfs.autoprune import AutoPruner, Policy
-from ckptfs.errors import NoEntry, TransientStoreError
-from ckptfs.filesystem import CheckpointFS
-from ckptfs.journal import Op
-from ckptfs.namespace import DirNode
-from ckptfs.retention import Checkpoint, PruneResult
+from ckptfs.common.errors import NoEntry, TransientStoreError
+from ckptfs.format import manifests
+from ckptfs.fs.autoprune import AutoPruner, Policy
+from ckptfs.fs.filesystem import CheckpointFS
+from ckptfs.fs.namespace import DirNode
+from ckptfs.pipeline.journal import Op
 from ckptfs.store.local import LocalStore
+from ckptfs.tools import retention
+from ckptfs.tools.retention import Checkpoint, PruneResult
 
 POLICY = Policy(2, None, "checkpoint-*")
 

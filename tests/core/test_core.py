@@ -14,12 +14,12 @@ import trio
 from corefs import CHUNK, ROOT, core, read_file, run, write_file
 from support import random_bytes, wait_until_async
 
-from ckptfs import codec
-from ckptfs import journal as journal_module
-from ckptfs.errors import JournalFull
-from ckptfs.manifests import Manifest, chunk_key, file_key, fossil_key
+from ckptfs.common.errors import JournalFull
+from ckptfs.format import codec
+from ckptfs.format.manifests import Manifest, chunk_key, file_key, fossil_key
+from ckptfs.pipeline import journal as journal_module
+from ckptfs.pipeline.uploader import UploadJob
 from ckptfs.store.local import LocalStore
-from ckptfs.uploader import UploadJob
 
 
 # ---------------------------------------------------------------------------- cache bound

@@ -14,9 +14,9 @@ import pytest
 from corefs import ROOT, core, read_file, run, write_file
 from support import random_bytes
 
-from ckptfs import manifests
-from ckptfs.errors import DamagedRecord
-from ckptfs.namespace import FileNode
+from ckptfs.common.errors import DamagedRecord
+from ckptfs.format import manifests
+from ckptfs.fs.namespace import FileNode
 from ckptfs.store.local import LocalStore
 
 DAMAGE: list[dict[str, Any]] = [{"mode": -1}, {"mode": 2**70},

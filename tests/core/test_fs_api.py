@@ -13,8 +13,7 @@ import pytest
 from corefs import ROOT, core, read_file, run, write_file
 from support import random_bytes, wait_until_async
 
-from ckptfs import filesystem
-from ckptfs.errors import (
+from ckptfs.common.errors import (
     Exists,
     InvalidArgument,
     IsADirectory,
@@ -26,8 +25,9 @@ from ckptfs.errors import (
     NotPermitted,
     NotSupported,
 )
-from ckptfs.filesystem import CheckpointFS
-from ckptfs.namespace import DirNode, FileNode, Node
+from ckptfs.fs import filesystem
+from ckptfs.fs.filesystem import CheckpointFS
+from ckptfs.fs.namespace import DirNode, FileNode, Node
 
 
 def on_core(tmp_path: Path, body: Callable[[CheckpointFS], Awaitable[None]]) -> None:

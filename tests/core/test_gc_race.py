@@ -17,12 +17,14 @@ import trio
 from corefs import CHUNK, ROOT, core, read_file, run, write_file
 from support import random_bytes, wait_until_async
 
-from ckptfs import codec, gc, manifests, publisher
-from ckptfs.errors import MissingChunkError
-from ckptfs.manifests import chunk_key, file_key, fossil_key
-from ckptfs.namespace import FileNode
+from ckptfs.common.errors import MissingChunkError
+from ckptfs.format import codec, manifests
+from ckptfs.format.manifests import chunk_key, file_key, fossil_key
+from ckptfs.fs.namespace import FileNode
+from ckptfs.fs.writebuffer import WriteBuffer
+from ckptfs.pipeline import publisher
 from ckptfs.store.local import LocalStore
-from ckptfs.writebuffer import WriteBuffer
+from ckptfs.tools import gc
 
 
 def node(tmp_path: Path, name: str) -> Path:
@@ -84,7 +86,7 @@ def test_a_chunk_deduplicated_just_before_the_mark_is_set_aside_not_lost(
 
     # a reader that looked in chunks/ only would fail (EIO) after its timeout
     with monkeypatch.context() as m:
-        m.setattr("ckptfs.fetcher.manifests.fossil_key", chunk_key)
+        m.setattr("ckptfs.pipeline.fetcher.manifests.fossil_key", chunk_key)
         run(blind_reader)
     run(lambda: reader("reader", 4))
 

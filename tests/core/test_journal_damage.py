@@ -13,9 +13,9 @@ import pytest
 from corefs import CHUNK, ROOT, core, read_file, run, write_file
 from support import journal_as_killed, random_bytes, restore_killed, wait_until_async
 
-from ckptfs import codec
-from ckptfs.manifests import chunk_key
-from ckptfs.recovery import JournalCheck
+from ckptfs.format import codec
+from ckptfs.format.manifests import chunk_key
+from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.store.local import LocalStore
 
 FIRST_FRAME = 32 + 24 + 100  # a byte of the log's first page: every frame is dropped

@@ -9,8 +9,8 @@ from pathlib import Path
 from corefs import CHUNK, ROOT, core, run, write_file
 from support import random_bytes, wait_until_async
 
-from ckptfs.filesystem import CheckpointFS
-from ckptfs.namespace import FileNode
+from ckptfs.fs.filesystem import CheckpointFS
+from ckptfs.fs.namespace import FileNode
 
 N = 40  # chunks in the file
 WINDOW = 4  # chunks of prefetch window

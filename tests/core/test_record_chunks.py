@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from corefs import CHUNK, ROOT, core, read_file, run, write_file
 
-from ckptfs import codec
-from ckptfs.filesystem import CheckpointFS
-from ckptfs.formats import Read
-from ckptfs.namespace import FileNode
+from ckptfs.format import codec
+from ckptfs.format.formats import Read
+from ckptfs.fs.filesystem import CheckpointFS
+from ckptfs.fs.namespace import FileNode
 
 MAX = CHUNK
 

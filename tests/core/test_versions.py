@@ -15,15 +15,16 @@ from corefs import ROOT, core, read_file, run, write_file
 from crafting import read_back
 from support import random_bytes
 
-from ckptfs import manifests, trash
-from ckptfs.filesystem import CheckpointFS
-from ckptfs.journal import Journal, Op
-from ckptfs.manifests import TRASH
-from ckptfs.namespace import FileNode
-from ckptfs.publisher import Publisher, RetryingStore
+from ckptfs.format import manifests
+from ckptfs.format.manifests import TRASH
+from ckptfs.fs.filesystem import CheckpointFS
+from ckptfs.fs.namespace import FileNode
+from ckptfs.pipeline.journal import Journal, Op
+from ckptfs.pipeline.publisher import Publisher, RetryingStore
 from ckptfs.store.base import Store
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
+from ckptfs.tools import trash
 
 HOUR = 3600.0
 

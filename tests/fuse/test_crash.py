@@ -1,6 +1,6 @@
 """Nothing acknowledged is ever lost: the daemon SIGKILLed at named crash points.
 
-Each case mounts node A with CKPTFS_CRASH_AT=<point>[:<n>] (ckptfs/crashpoints.py), runs a
+Each case mounts node A with CKPTFS_CRASH_AT=<point>[:<n>] (ckptfs/common/crashpoints.py), runs a
 scripted checkpoint save through the real FUSE mount until the daemon dies under it, and
 recovers the way docs/OPERATIONS.md says to:
 
@@ -39,7 +39,7 @@ from mounting import Mount, Nodes, is_mounted, lazy_unmount, run_cli
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until
 
-from ckptfs.manifests import chunk_key, fossil_key
+from ckptfs.format.manifests import chunk_key, fossil_key
 
 WRITE = 64 * 1024  # bytes per os.write: one FUSE write request each (no writeback cache)
 DIR = "<dir>"

@@ -14,7 +14,7 @@ import pytest
 from mounting import MountedStore, Nodes
 from support import random_bytes
 
-from ckptfs import manifests
+from ckptfs.format import manifests
 from ckptfs.store import open_store
 
 #: file -> how its manifest is damaged

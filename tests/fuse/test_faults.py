@@ -23,7 +23,7 @@ from mounting import CKPTFS, Mount, Nodes, is_mounted, run_cli
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until
 
-from ckptfs import manifests
+from ckptfs.format import manifests
 from ckptfs.store.local import LocalStore
 
 MiB = 2**20
@@ -221,7 +221,7 @@ def test_throttled_store_everything_lands(proxy: FaultProxy, seaweed: SeaweedSer
 def test_s3_store_makes_two_attempts_per_call(proxy: FaultProxy, seaweed: SeaweedServer) -> None:
     """botocore tries each call twice (docs/OPERATIONS.md), then ckptfs's own retries take
     over; a throttled call surfaces as a TransientStoreError naming the S3 error code."""
-    from ckptfs.errors import TransientStoreError
+    from ckptfs.common.errors import TransientStoreError
     from ckptfs.store.s3 import S3Store
 
     bucket = seaweed.new_bucket()
@@ -604,8 +604,8 @@ def test_bad_input_is_one_line_and_leaves_no_mount(
 def test_missing_dev_fuse_is_a_clear_config_error(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """/dev/fuse cannot be removed safely here: check the message path of check_mountpoint."""
-    from ckptfs import mount
-    from ckptfs.errors import ConfigError
+    from ckptfs.common.errors import ConfigError
+    from ckptfs.daemon import mount
 
     real_exists = os.path.exists
     monkeypatch.setattr(os.path, "exists",
@@ -652,7 +652,7 @@ def test_a_save_larger_than_the_cache_disk_stays_within_cache_size(
     loads identical tensors."""
     import torch
 
-    from ckptfs.control import request
+    from ckptfs.daemon.control import request
 
     url = f"s3://{seaweed.new_bucket()}/job"
     limit = 64 * MiB
@@ -948,7 +948,7 @@ def test_damaged_read_cache_is_fetched_again_after_a_remount(
     b = nodes.mount(url, tmp_path, "b", *extra, "--read-memory", "0")
     assert (b / "model.bin").read_bytes() == data  # fills b's read cache
     b.umount()
-    from ckptfs.codec import chunk_hash
+    from ckptfs.format.codec import chunk_hash
 
     hashes = [chunk_hash(c) for c in blocks]
     bucket, prefix = url[5:].split("/")
@@ -1013,7 +1013,7 @@ def try_call(fn: Callable[[], object]) -> object:
 
 def cli_error(fn: Callable[[], object]) -> object:
     """The message of the CliError that `fn` raises (or what it returned)."""
-    from ckptfs.errors import CliError
+    from ckptfs.common.errors import CliError
 
     try:
         return ["returned", fn()]

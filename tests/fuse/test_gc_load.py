@@ -49,11 +49,13 @@ from mounting import Mount, Nodes, run_cli
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until
 
-from ckptfs import codec, control, inspection, manifests
-from ckptfs.gc import SETTLED_AFTER
-from ckptfs.mount import control_socket_path
+from ckptfs.daemon import control
+from ckptfs.daemon.mount import control_socket_path
+from ckptfs.format import codec, manifests
 from ckptfs.store import open_store
 from ckptfs.store.base import RESTAMP_AFTER, Store
+from ckptfs.tools import inspection
+from ckptfs.tools.gc import SETTLED_AFTER
 
 #: the chunk size of the store: files are built from blocks of exactly this size
 CHUNK = 256 * 1024

@@ -11,9 +11,9 @@ from pathlib import Path
 from mounting import Nodes, run_cli
 from support import random_bytes
 
-from ckptfs import gc, inspection, trash
 from ckptfs.cli import human
 from ckptfs.store.local import LocalStore
+from ckptfs.tools import gc, inspection, trash
 
 MiB = 1 << 20
 SAVES, KEEP = 12, 3

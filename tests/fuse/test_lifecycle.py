@@ -18,7 +18,7 @@ from mounting import Mount, Nodes, is_mounted, run_cli
 from seaweed import SeaweedServer
 from support import random_bytes
 
-from ckptfs.control import request
+from ckptfs.daemon.control import request
 
 MiB = 2**20
 

@@ -32,7 +32,7 @@ import xxhash
 from mounting import Mount, Nodes, run_cli
 from support import random_bytes, wait_until
 
-from ckptfs.manifests import Manifest, file_key
+from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.store.local import LocalStore
 
 MiB = 1 << 20

@@ -16,8 +16,8 @@ from faultproxy import FaultProxy
 from mounting import MountedStore, Nodes
 from seaweed import SeaweedServer
 
-from ckptfs import control
-from ckptfs.mount import control_socket_path
+from ckptfs.daemon import control
+from ckptfs.daemon.mount import control_socket_path
 
 MiB = 2**20
 

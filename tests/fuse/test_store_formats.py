@@ -12,8 +12,8 @@ import torch
 from mounting import Nodes, run_cli
 from training import assert_same
 
-from ckptfs import codec, manifests
-from ckptfs.manifests import Manifest
+from ckptfs.format import codec, manifests
+from ckptfs.format.manifests import Manifest
 from ckptfs.store.local import LocalStore
 
 CHUNK = 1 << 20

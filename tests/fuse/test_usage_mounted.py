@@ -11,8 +11,8 @@ from pathlib import Path
 from mounting import Nodes, run_cli
 from support import random_bytes
 
-from ckptfs import manifests
-from ckptfs.manifests import Manifest
+from ckptfs.format import manifests
+from ckptfs.format.manifests import Manifest
 from ckptfs.store.local import LocalStore
 
 CHUNK = 64 * 1024

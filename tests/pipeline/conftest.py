@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import RecordingStore
 
-from ckptfs.cache import LocalCache
-from ckptfs.journal import Journal
+from ckptfs.pipeline.cache import LocalCache
+from ckptfs.pipeline.journal import Journal
 from ckptfs.store.local import LocalStore
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pipeline_helpers import staged
 
-from ckptfs import codec
-from ckptfs.cache import LocalCache
+from ckptfs.format import codec
+from ckptfs.pipeline.cache import LocalCache
 
 KiB = 1024
 

@@ -13,11 +13,11 @@ import trio
 from pipeline_helpers import RecordingStore, put_chunk, run
 from support import max_overlap, random_bytes, wait_until_async
 
-from ckptfs import codec
-from ckptfs.cache import LocalCache
-from ckptfs.errors import CorruptChunkError, MissingChunkError, PermanentStoreError
-from ckptfs.fetcher import Fetcher
-from ckptfs.manifests import chunk_key, fossil_key
+from ckptfs.common.errors import CorruptChunkError, MissingChunkError, PermanentStoreError
+from ckptfs.format import codec
+from ckptfs.format.manifests import chunk_key, fossil_key
+from ckptfs.pipeline.cache import LocalCache
+from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
 
@@ -348,7 +348,7 @@ def test_without_the_fallback_a_fossil_is_a_missing_chunk(
     data = random_bytes(10 * KiB)
     h = put_chunk(store, data)
     store.inner.rename(chunk_key(h), fossil_key(h))
-    monkeypatch.setattr("ckptfs.fetcher.manifests.fossil_key", chunk_key)
+    monkeypatch.setattr("ckptfs.pipeline.fetcher.manifests.fossil_key", chunk_key)
 
     async def body(f: Fetcher) -> None:
         with pytest.raises(MissingChunkError):

@@ -15,13 +15,13 @@ import trio
 from pipeline_helpers import RecordingStore, put_chunk, run, staged, stored_chunk
 from support import random_bytes, wait_until_async
 
-from ckptfs import codec
-from ckptfs import journal as journal_module
-from ckptfs import publisher as publisher_module
-from ckptfs.cache import LocalCache
-from ckptfs.journal import Journal, Op
-from ckptfs.manifests import DirMarker, Manifest, chunk_key, dir_key, file_key, fossil_key
-from ckptfs.publisher import LOST_REASON, Publisher
+from ckptfs.format import codec
+from ckptfs.format.manifests import DirMarker, Manifest, chunk_key, dir_key, file_key, fossil_key
+from ckptfs.pipeline import journal as journal_module
+from ckptfs.pipeline import publisher as publisher_module
+from ckptfs.pipeline.cache import LocalCache
+from ckptfs.pipeline.journal import Journal, Op
+from ckptfs.pipeline.publisher import LOST_REASON, Publisher
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
 

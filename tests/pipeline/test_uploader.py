@@ -13,13 +13,14 @@ import trio
 from pipeline_helpers import RecordingStore, put_chunk, run, staged, stored_chunk
 from support import random_bytes, wait_until_async
 
-from ckptfs import codec, uploader
-from ckptfs.cache import LocalCache, StagingFile
-from ckptfs.errors import PermanentStoreError
-from ckptfs.journal import Journal, PendingChunk
-from ckptfs.manifests import chunk_key, fossil_key
-from ckptfs.retry import Backoff
-from ckptfs.uploader import Uploader, UploadJob
+from ckptfs.common.errors import PermanentStoreError
+from ckptfs.common.retry import Backoff
+from ckptfs.format import codec
+from ckptfs.format.manifests import chunk_key, fossil_key
+from ckptfs.pipeline import uploader
+from ckptfs.pipeline.cache import LocalCache, StagingFile
+from ckptfs.pipeline.journal import Journal, PendingChunk
+from ckptfs.pipeline.uploader import Uploader, UploadJob
 
 KiB = 1024
 

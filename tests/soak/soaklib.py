@@ -21,21 +21,23 @@ from typing import Any, NoReturn
 
 import trio
 
-from ckptfs import codec, gc, inspection, manifests, publisher, retention, trash
-from ckptfs.cache import LocalCache
-from ckptfs.errors import CkptfsError, TransientStoreError
-from ckptfs.fetcher import Fetcher
-from ckptfs.filesystem import CheckpointFS, Options
-from ckptfs.journal import Journal
-from ckptfs.manifests import Manifest
-from ckptfs.mount import create_store, read_store_info
-from ckptfs.namespace import DirNode, FileNode
-from ckptfs.publisher import Publisher
-from ckptfs.recovery import JournalCheck
+from ckptfs.common.errors import CkptfsError, TransientStoreError
+from ckptfs.daemon.mount import create_store, read_store_info
+from ckptfs.format import codec, manifests
+from ckptfs.format.manifests import Manifest
+from ckptfs.fs.filesystem import CheckpointFS, Options
+from ckptfs.fs.namespace import DirNode, FileNode
+from ckptfs.pipeline import publisher
+from ckptfs.pipeline.cache import LocalCache
+from ckptfs.pipeline.fetcher import Fetcher
+from ckptfs.pipeline.journal import Journal
+from ckptfs.pipeline.publisher import Publisher
+from ckptfs.pipeline.recovery import JournalCheck
+from ckptfs.pipeline.uploader import Uploader
 from ckptfs.store.base import AsyncStore, Store
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
-from ckptfs.uploader import Uploader
+from ckptfs.tools import gc, inspection, retention, trash
 
 KiB = 1024
 CHUNK = 64 * KiB

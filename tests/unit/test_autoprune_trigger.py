@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from ckptfs.autoprune import Policy, prune_target
-from ckptfs.config import MountConfig
-from ckptfs.errors import ConfigError
-from ckptfs.journal import Op
-from ckptfs.retention import PolicyError
+from ckptfs.common.errors import ConfigError
+from ckptfs.daemon.config import MountConfig
+from ckptfs.fs.autoprune import Policy, prune_target
+from ckptfs.pipeline.journal import Op
+from ckptfs.tools.retention import PolicyError
 
 
 @pytest.mark.parametrize(("kind", "path", "path2", "target"), [

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ckptfs.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Layout, check_chunk_size
+from ckptfs.format.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, Layout, check_chunk_size
 
 
 def test_chunk_size_bounds() -> None:

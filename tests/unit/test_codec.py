@@ -14,8 +14,8 @@ import torch
 import xxhash
 import zstandard
 
-from ckptfs import codec
-from ckptfs.errors import CorruptChunkError
+from ckptfs.common.errors import CorruptChunkError
+from ckptfs.format import codec
 
 
 def test_chunk_hash_is_xxh3_128_hex() -> None:

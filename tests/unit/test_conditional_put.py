@@ -43,6 +43,7 @@ class StubS3:
 def stub_store(honours: bool) -> tuple[S3Store, StubS3]:
     store = S3Store.__new__(S3Store)
     store.bucket, store.prefix, store.endpoint = "b", "", "http://stub"
+    store.storage_class, store.storage_class_prefix = None, ""
     store.atomic_create = None
     store.url = "s3://b/ at http://stub"
     client = StubS3(honours)

@@ -8,17 +8,9 @@ import re
 
 import pytest
 
-from ckptfs.config import (
-    MAX_DURATION,
-    MountConfig,
-    check_glob,
-    default_cache_dir,
-    format_duration,
-    parse_duration,
-    parse_size,
-    trash_seconds,
-)
-from ckptfs.errors import ConfigError
+from ckptfs.common.errors import ConfigError
+from ckptfs.common.units import MAX_DURATION, format_duration, parse_duration, parse_size
+from ckptfs.daemon.config import MountConfig, check_glob, default_cache_dir, trash_seconds
 
 
 @pytest.mark.parametrize(("text", "size"), [

@@ -16,7 +16,7 @@ import safetensors.torch
 import torch
 from torch.distributed.checkpoint import state_dict_saver
 
-from ckptfs.formats import FixedCutter, new_cutter
+from ckptfs.format.formats import FixedCutter, new_cutter
 
 MX = 64 * 1024  # chunk size
 MN = 4 * 1024  # min record

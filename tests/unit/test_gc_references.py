@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tracemalloc
 
-from ckptfs.gc import References
+from ckptfs.tools.gc import References
 
 
 def test_references_hold_names_as_16_bytes() -> None:

@@ -11,9 +11,9 @@ import time
 import pytest
 from support import journal_as_killed, restore_killed
 
-from ckptfs.chunking import MIN_CHUNK_SIZE
-from ckptfs.errors import JournalError
-from ckptfs.journal import Journal, PendingChunk, read_damage, read_lost, wal_damage
+from ckptfs.common.errors import JournalError
+from ckptfs.format.chunking import MIN_CHUNK_SIZE
+from ckptfs.pipeline.journal import Journal, PendingChunk, read_damage, read_lost, wal_damage
 
 CS = MIN_CHUNK_SIZE  # the smallest legal chunk size keeps the arithmetic readable
 H1 = "0" * 32

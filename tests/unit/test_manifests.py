@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ckptfs import manifests
-from ckptfs.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
-from ckptfs.errors import FormatError, InvalidKeyError
-from ckptfs.manifests import Manifest, StoreInfo
+from ckptfs.common.errors import FormatError, InvalidKeyError
+from ckptfs.format import manifests
+from ckptfs.format.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from ckptfs.format.manifests import Manifest, StoreInfo
 
 CS = MIN_CHUNK_SIZE  # the smallest legal chunk size keeps the arithmetic readable
 H1 = "0" * 32
@@ -180,7 +180,9 @@ def test_the_confirmation_window_from_the_environment() -> None:
 def test_every_user_of_the_confirmation_window_reads_the_environment() -> None:
     """A mount daemon is another process: the variable reaches the uploader's in_store
     window and the publisher's late-publish check through manifests, at import."""
-    code = ("from ckptfs import manifests, publisher, uploader, gc\n"
+    code = ("from ckptfs.format import manifests\n"
+            "from ckptfs.pipeline import publisher, uploader\n"
+            "from ckptfs.tools import gc\n"
             "import inspect\n"
             "default = inspect.signature(uploader.Uploader).parameters['confirm_window']\n"
             "print(manifests.CONFIRM_WINDOW, publisher.CONFIRM_WINDOW, default.default)\n")

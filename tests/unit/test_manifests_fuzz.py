@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from ckptfs import trash
-from ckptfs.chunking import MAX_CHUNK_SIZE
-from ckptfs.errors import FormatError
-from ckptfs.manifests import (
+from ckptfs.common.errors import FormatError
+from ckptfs.format.chunking import MAX_CHUNK_SIZE
+from ckptfs.format.manifests import (
     INT63,
     MODE_MAX,
     DirMarker,
@@ -24,6 +23,7 @@ from ckptfs.manifests import (
     check_path,
 )
 from ckptfs.store.base import ObjectInfo
+from ckptfs.tools import trash
 
 H1 = "0123456789abcdef" * 2
 H2 = "f" * 32

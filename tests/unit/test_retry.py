@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ckptfs import retry
-from ckptfs.errors import NotFoundError, PermanentStoreError, TransientStoreError
-from ckptfs.retry import Backoff, retrying, retrying_async
+from ckptfs.common import retry
+from ckptfs.common.errors import NotFoundError, PermanentStoreError, TransientStoreError
+from ckptfs.common.retry import Backoff, retrying, retrying_async
 
 
 def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.errors import ConfigError
+from ckptfs.common.errors import ConfigError
+from ckptfs.format import manifests
 from ckptfs.store import LocalStore, open_store
 from ckptfs.store.s3 import S3Store
 
@@ -65,7 +66,7 @@ def test_storage_class_only_for_s3_chunks_and_refusal_is_one_line(
     with pytest.raises(ConfigError, match="s3:// stores only"):
         open_store(str(tmp_path), storage_class="STANDARD_IA")
     store = open_store("s3://bucket/p", endpoint_url="http://127.0.0.1:9",
-                       storage_class="STANDARD_IA")
+                       storage_class="STANDARD_IA", storage_class_prefix=manifests.CHUNKS)
     assert isinstance(store, S3Store)
     sent: list[dict[str, object]] = []
     monkeypatch.setattr(store._client, "put_object", lambda **kw: sent.append(kw))

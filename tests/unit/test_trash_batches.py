@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ckptfs import trash
 from ckptfs.store.base import ObjectInfo
+from ckptfs.tools import trash
 
 
 def entry(key: str, deleted: float) -> trash.Entry:

@@ -1,0 +1,7 @@
+"""`python -m ckptfs.cli`: the same as the `ckptfs` command."""
+
+import sys
+
+from ckptfs.cli import main
+
+sys.exit(main())

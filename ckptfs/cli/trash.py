@@ -1,0 +1,215 @@
+"""`ckptfs trash ls|restore|empty`: the command line of the trash (trash.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+from typing import Any
+
+from ckptfs.cli import (
+    EXIT_ERROR,
+    STORE_HELP,
+    TOOL_ENDPOINT_HELP,
+    Target,
+    human,
+    mounted_path,
+    open_target,
+    store_path,
+)
+from ckptfs.cli import _utc as utc
+from ckptfs.common.errors import CliError
+from ckptfs.tools import inspection, trash
+from ckptfs.tools.trash import Entry
+
+
+def _where(e: Entry, t: Target) -> str:
+    return t.show(e.path) + ("/" if e.is_dir else "")
+
+
+def _expires(e: Entry) -> str:
+    return "when emptied" if math.isinf(e.keep) else utc(e.expires)[:16] + " UTC"
+
+
+def _target(a: argparse.Namespace) -> Target:
+    """The store and PATH of a trash command (PATH as store_path takes it)."""
+    t = open_target(a, a.path)
+    inspection.read_info(t.store)
+    return t
+
+
+def restore_command(a: argparse.Namespace, t: Target, e: Entry) -> str:
+    """The command that restores the entry `e` that `trash ls` printed: the path as shown
+    when it is in a mount, else the store (cut at its root), the path and its endpoint."""
+    if t.mountpoint is not None:
+        return f"ckptfs trash restore {shlex.quote(t.show(e.path))}"
+    extra = [w for opt in ("endpoint_url", "region") if (v := getattr(a, opt, None))
+             for w in (f"--{opt.replace('_', '-')}", v)]
+    return shlex.join(["ckptfs", "trash", "restore", t.store_arg or a.target, e.path,
+                       *extra])
+
+
+def cmd_ls(a: argparse.Namespace) -> int:
+    t = _target(a)
+    found = trash.entries(t.store, t.path)
+    trash.read_sizes(t.store, found)
+    items = trash.items(found)
+    if a.json:
+        print(json.dumps({"store": t.store.url, "path": t.path,
+                          "items": [{**it.to_dict(), "shown": _where(it.head, t),
+                                     "entries": [e.to_dict() for e in it.members]}
+                                    for it in items]}, indent=1))
+        return 0
+    if not items:
+        print(f"the trash of {t.store.url} holds nothing at {t.show(t.path)}")
+        return 0
+    rows = [(utc(it.head.deleted), _expires(it.head), it.head.node, str(it.files),
+             human(it.bytes), str(it.head.version or "-"), _where(it.head, t))
+            for it in items]
+    head = ("deleted (store time)", "expires", "node", "files", "size", "version", "path")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(6)]
+    for r in [head, *rows]:
+        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  "
+              f"{r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}  {r[5]:>{widths[5]}}  {r[6]}")
+    for e in (e for e in found if e.damaged is not None):
+        stops = "" if e.is_dir else "; gc stops on it until it is repaired or deleted"
+        print(f"DAMAGED  {e.key}: {e.damaged} (restore skips it{stops})")
+    files = sum(it.files for it in items)
+    print(f"{len(items)} deleted items, {files} files ({human(sum(it.bytes for it in items))})"
+          f"; put one back with: {restore_command(a, t, items[0].head)}")
+    return 0
+
+
+def _destination(a: argparse.Namespace, t: Target) -> str | None:
+    """--to as a path in the filesystem: a path in the same mount, or one from its root."""
+    to: str | None = a.to
+    if to is None:
+        return None
+    store_path(to)  # a '..' is refused before the path is looked at
+    mounted = mounted_path(to)
+    if t.mountpoint is not None and mounted is not None:
+        if os.path.realpath(t.mountpoint) != os.path.realpath(mounted[0]):
+            raise CliError(f"--to {to} is in another mount ({mounted[0]}): a restore "
+                           f"stays in the filesystem of {t.store.url}")
+        return mounted[1]
+    return store_path(to)  # from the root of the filesystem: with a '/' or not
+
+
+def cmd_restore(a: argparse.Namespace) -> int:
+    t = _target(a)
+    if not t.path:
+        raise CliError("name what to restore: a deleted file or directory (ckptfs trash ls "
+                       "lists them)")
+    r = trash.restore(t.store, t.path, _destination(a, t), dry_run=a.dry_run,
+                      version=a.version)
+    if a.json:
+        print(json.dumps(r.to_dict(), indent=1))
+        return 1 if r.skipped else 0
+    verb = "would restore" if a.dry_run else "restored"
+    for e in r.restored:
+        moved = f" to {t.show(r.destination(e))}" if r.to != r.path else ""
+        print(f"{verb} {_where(e, t)}{moved}" + (f" ({human(e.size)})" if not e.is_dir
+                                                  else ""))
+    for e, why in r.skipped:
+        dest = r.destination(e)
+        print(f"left in the trash {_where(e, t)}: {why.replace(dest, t.show(dest), 1)}")
+    files = [e for e in r.restored if not e.is_dir]
+    taken = any(why.startswith(f"{r.destination(e)} exists") for e, why in r.skipped)
+    print(f"{'dry run: ' if a.dry_run else ''}{verb} {len(files)} files "
+          f"({human(sum(e.size for e in files))}) to {t.show(r.to)}"
+          + (f"; {len(r.skipped)} left in the trash" if r.skipped else "")
+          + ("; a name that exists is never overwritten: restore beside it with --to"
+             if taken else ""))
+    return 1 if r.skipped else 0
+
+
+def cmd_empty(a: argparse.Namespace) -> int:
+    t = _target(a)
+    gone = trash.empty(t.store, t.path, dry_run=a.dry_run)
+    files = [e for e in gone if not e.is_dir]
+    if a.json:
+        print(json.dumps({"store": t.store.url, "path": t.path, "dry_run": a.dry_run,
+                          "entries": len(gone), "files": len(files),
+                          "bytes": sum(e.size for e in files)}, indent=1))
+        return 0
+    verb = "would delete" if a.dry_run else "deleted"
+    print(f"{verb} {len(gone)} trash entries ({len(files)} files, "
+          f"{human(sum(e.size for e in files))}) at {t.show(t.path)}; ckptfs gc frees the "
+          f"chunks that nothing else needs once they are older than its grace")
+    return 0
+
+
+def add_trash_parser(sub: Any) -> None:
+    """The parser of `ckptfs trash` and its three verbs."""
+    tr = sub.add_parser(
+        "trash", help="list, restore or empty deleted files (undo rm -rf)",
+        description="Deletes through a mount (unlink, rmdir, rm -rf, a rename over an "
+        "existing file), overwrites (the version a publish replaces: torch.save over "
+        "latest.pt) and ckptfs prune move the manifests to the store's trash, where "
+        "they stay for --trash-hours (a mount option, 24 by default; 0 turns the trash "
+        "off). While a file is in the trash its chunks stay in the store (ckptfs gc "
+        "counts it), so any node can restore it byte for byte; once its time is up, gc "
+        "deletes it and then frees the chunks nothing else needs.",
+        epilog="examples: ckptfs trash ls /mnt/ckpt | ckptfs trash restore "
+        "/mnt/ckpt/run7/checkpoint-500 | ckptfs trash restore s3://bucket/ckpt run7/step-9 "
+        "--to run7/step-9.recovered | ckptfs trash empty s3://bucket/ckpt")
+    verbs = tr.add_subparsers(dest="verb", metavar="{ls,restore,empty}", required=True)
+
+    def common(p: argparse.ArgumentParser, path_help: str) -> None:
+        p.add_argument("target", metavar="TARGET", help="mounted path, or STORE")
+        p.add_argument("path", metavar="PATH", nargs="?", default="", help=path_help)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
+        p.add_argument("--region", help="S3 region (default: the AWS config chain)")
+        p.set_defaults(error_exit=EXIT_ERROR)
+
+    ls = verbs.add_parser(
+        "ls", help="what the trash holds",
+        description="One line per deleted file or directory, and per version of a file "
+        "that an overwrite replaced, newest first: when it was set aside (store time, "
+        "UTC), when it expires, the node, the files and bytes it holds, and a file's "
+        "version number among those of its path (1 is the newest; trash restore "
+        "--version takes it). A directory removed with rm -rf is one line, with the "
+        "files deleted with it. "
+        + STORE_HELP, epilog="example: ckptfs trash ls /mnt/ckpt/run7")
+    common(ls, "with STORE: only what was under this path (default: everything)")
+    ls.set_defaults(func=cmd_ls)
+
+    rs = verbs.add_parser(
+        "restore", help="put a deleted file or directory back",
+        description="Put back the newest deleted version of PATH and of everything that "
+        "was under it, where it was (or at --to), or with --version a chosen version of "
+        "the file PATH; each restored entry leaves the trash. A name that exists is "
+        "never overwritten (a conditional write, even against another node's publish "
+        "meanwhile): it is left in the trash and reported. The files come back byte for "
+        "byte, with their mode and mtime; mounts see them within their --metadata-ttl. "
+        "Exit status: 0 all restored, 1 some left in the trash, 2 nothing to restore or "
+        "an error. " + STORE_HELP,
+        epilog="examples: ckptfs trash restore /mnt/ckpt/run7/checkpoint-500 | ckptfs trash "
+        "restore s3://bucket/ckpt run7/step-9 --to run7/step-9.recovered --dry-run")
+    common(rs, "with STORE: the deleted file or directory, from the filesystem root")
+    rs.add_argument("--to", metavar="DEST", help="restore there instead: a path from the "
+                    "filesystem root (with a leading / or not), or a path inside the "
+                    "same mount; never over a file that exists")
+    rs.add_argument("--version", metavar="N|TIME", help="restore this version of the file "
+                    "PATH: N as trash ls numbers them (1 is the newest in the trash: the "
+                    "one the last overwrite or delete set aside), or a UTC time as trash ls "
+                    "shows it (the newest set aside at or before it); the file must not "
+                    "exist, or give --to")
+    rs.add_argument("--dry-run", action="store_true", help="change nothing, say what would "
+                    "be restored")
+    rs.set_defaults(func=cmd_restore)
+
+    em = verbs.add_parser(
+        "empty", help="delete what the trash holds now",
+        description="Delete the trash entries at or under PATH (everything by default) "
+        "now, instead of when they expire; ckptfs gc then frees their chunks (those no "
+        "other file needs, older than its grace). Cannot be undone. " + STORE_HELP,
+        epilog="examples: ckptfs trash empty /mnt/ckpt | ckptfs trash empty "
+        "s3://bucket/ckpt run7 --dry-run")
+    common(em, "with STORE: only what was under this path (default: everything)")
+    em.add_argument("--dry-run", action="store_true", help="change nothing, say what would "
+                    "be deleted")
+    em.set_defaults(func=cmd_empty)

@@ -1,0 +1,371 @@
+"""Mount lifecycle: open the store and cache, replay the journal, serve FUSE, flush, exit.
+
+    prepare()  store reachable? format known? cache dir free? journal replayed
+    serve()    pyfuse3.init -> trio.run(main) -> pyfuse3.close, in a try/finally
+    main()     one nursery: uploader, fetcher, publisher, control socket, signal handler,
+               the auto-prune (with --keep-last), pyfuse3.main(); when the file system is
+               unmounted (ckptfs umount, fusermount3 -u, SIGTERM), everything closed is
+               flushed to the store first, then the prunes still waiting run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyfuse3
+import trio
+
+from ckptfs import __version__
+from ckptfs.common.crashpoints import crash_point
+from ckptfs.common.errors import ConfigError, NotFoundError
+from ckptfs.daemon import mounts
+from ckptfs.daemon.config import MountConfig, default_cache_dir, trash_seconds
+from ckptfs.daemon.control import ControlServer
+from ckptfs.daemon.fuseops import FuseOps
+from ckptfs.daemon.locate import mount_refusal
+from ckptfs.format import manifests
+from ckptfs.format.chunking import DEFAULT_CHUNK_SIZE, check_chunk_size
+from ckptfs.format.manifests import StoreInfo
+from ckptfs.fs.autoprune import AutoPruner, Policy
+from ckptfs.fs.filesystem import CheckpointFS, Options
+from ckptfs.pipeline.cache import LocalCache
+from ckptfs.pipeline.fetcher import Fetcher
+from ckptfs.pipeline.journal import Journal
+from ckptfs.pipeline.publisher import Publisher
+from ckptfs.pipeline.recovery import JournalCheck
+from ckptfs.pipeline.uploader import Uploader
+from ckptfs.store import open_store
+from ckptfs.store.base import AsyncStore, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A line for the user at mount time: `ckptfs mount` prints it, the daemon logs it."""
+
+    level: int  # logging.INFO or logging.WARNING
+    text: str
+
+    def line(self) -> str:
+        """The text as printed after `ckptfs: ` on the terminal."""
+        return f"warning: {self.text}" if self.level >= logging.WARNING else self.text
+
+
+def size_text(n: int) -> str:
+    """A chunk size as a user writes it: '16 MiB', '64 KiB', '70000 bytes'."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def read_store_info(store: Store) -> StoreInfo | None:
+    """<prefix>/ckptfs.json (its version checked), or None where there is no store yet."""
+    try:
+        return StoreInfo.from_json(store.get(manifests.INFO_KEY))
+    except NotFoundError:
+        return None
+
+
+def create_store(store: Store, chunk_size: int,
+                 min_record: int = manifests.DEFAULT_MIN_RECORD,
+                 codec: str = "zstd4") -> StoreInfo:
+    """Initialise a new store: ckptfs.json, then the root directory's marker."""
+    info = StoreInfo(chunk_size=chunk_size, min_record=min_record, codec=codec)
+    store.put(manifests.INFO_KEY, info.to_json())
+    store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
+    return info
+
+
+def control_socket_path(cache_dir: str) -> str:
+    path = os.path.join(cache_dir, "ctl.sock")
+    if len(path) < 100:
+        return path
+    digest = hashlib.sha256(cache_dir.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"ckptfs-{os.getuid()}-{digest}.sock")
+
+
+@dataclass
+class Prepared:
+    """Everything opened before FUSE starts; closed by serve()."""
+
+    cfg: MountConfig
+    store: Store
+    info: StoreInfo
+    journal: Journal
+    cache: LocalCache
+    lock_fd: int
+    notices: list[Notice]
+
+
+def check_mountpoint(path: str) -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise ConfigError("/dev/fuse is missing: load the fuse module or run with --device "
+                          "/dev/fuse in containers")
+    if mounts.is_dead(path):
+        if mounts.entry_at(path) is not None:
+            raise ConfigError(f"{path} is a ckptfs mount whose daemon is gone; run ckptfs "
+                              f"umount {shlex.quote(path)} first")
+        raise ConfigError(f"{path}: transport endpoint is not connected (a FUSE mount whose "
+                          f"daemon is gone); run fusermount3 -u on its mount point first")
+    if not os.path.exists(path):
+        raise ConfigError(f"mount point does not exist: {path}")
+    if not os.path.isdir(path):
+        raise ConfigError(f"mount point is not a directory: {path}")
+    if os.path.ismount(path):
+        raise ConfigError(f"already mounted: {path}")
+    if os.listdir(path):
+        raise ConfigError(f"mount point is not empty: {path}")
+
+
+def prepare(cfg: MountConfig) -> Prepared:
+    """Open and check everything; ConfigError/StoreError/FormatError with one-line messages."""
+    check_mountpoint(cfg.mountpoint)
+    store = open_store(cfg.store, endpoint_url=cfg.endpoint_url, region=cfg.region,
+                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads + 40,
+                       storage_class=cfg.storage_class, storage_class_prefix=manifests.CHUNKS)
+    check = getattr(store, "check", None)
+    if check is not None:
+        check()
+    check_storage_class = getattr(store, "check_storage_class", None)
+    if check_storage_class is not None:
+        check_storage_class()
+    if cfg.chunk_size is not None:
+        try:
+            check_chunk_size(cfg.chunk_size)
+        except ValueError as e:
+            raise ConfigError(f"--chunk-size: {e}") from None
+    low, high = manifests.MIN_RECORD_RANGE
+    if cfg.min_record is not None and not low <= cfg.min_record <= high:
+        raise ConfigError(f"--min-record must be in [{size_text(low)}, {size_text(high)}]")
+    notices: list[Notice] = []
+    info = read_store_info(store)
+    if info is None:  # a new store: created last, once nothing else can refuse the mount
+        mount_refusal(store, cfg.store, cfg.mountpoint)  # a store inside a store
+        chunk_size = cfg.chunk_size or DEFAULT_CHUNK_SIZE
+    else:
+        chunk_size = info.chunk_size
+        if cfg.chunk_size is not None and cfg.chunk_size != info.chunk_size:
+            notices.append(Notice(logging.WARNING, (
+                f"--chunk-size {size_text(cfg.chunk_size)} is ignored: the store at "
+                f"{store.url} exists and has chunk size {size_text(info.chunk_size)}")))
+        if cfg.codec is not None and cfg.codec != info.codec:
+            notices.append(Notice(logging.WARNING, (
+                f"--codec {cfg.codec} is ignored: the store at {store.url} exists and "
+                f"compresses with {info.codec}")))
+        if cfg.min_record is not None and cfg.min_record != info.min_record:
+            notices.append(Notice(logging.WARNING, (
+                f"--min-record {size_text(cfg.min_record)} is ignored: the store at "
+                f"{store.url} exists and has min record {size_text(info.min_record)}")))
+        if info.format < manifests.FORMAT_VERSION:
+            notices.append(Notice(logging.INFO, (
+                f"the store at {store.url} is format {info.format} (fixed chunks, lz4) and "
+                f"stays so: ckptfs upgrade {store.url} --yes moves it to format "
+                f"{manifests.FORMAT_VERSION} (chunks cut at tensor boundaries, zstd4), "
+                f"once every node runs this ckptfs")))
+    if cfg.keep_last == 1:
+        notices.append(Notice(logging.WARNING, (
+            "--keep-last 1: while a save is in progress, the checkpoint being written can "
+            "look complete between two of its files, and the previous one is then removed; "
+            "--keep-last 2 always keeps one checkpoint whose save has ended")))
+    if cfg.cache_size < 4 * chunk_size:
+        raise ConfigError(f"--cache-size must be at least 4 chunks of this store "
+                          f"({4 * chunk_size} bytes)")
+    cfg.cache_dir = os.path.abspath(cfg.cache_dir or default_cache_dir(store.url))
+    os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
+    os.chmod(cfg.cache_dir, 0o700)
+    lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        users = mounts.users_of_cache(cfg.cache_dir)
+        by = f"the ckptfs mount on {users[0]}" if users else "another ckptfs mount"
+        raise ConfigError(f"cache directory {cfg.cache_dir} is in use by {by}; give a second "
+                          "mount of the same store its own: --cache-dir DIR") from None
+    journal = Journal(os.path.join(cfg.cache_dir, "journal.sqlite"))
+    known = journal.get_meta("store")
+    if known is not None and known != store.url:
+        raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
+                          "use another --cache-dir")
+    if info is None:
+        info = create_store(store, chunk_size, cfg.min_record or manifests.DEFAULT_MIN_RECORD,
+                            cfg.codec or "zstd4")
+        notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
+                                            f"(chunk size {size_text(chunk_size)})"))
+    if known is None:
+        journal.set_meta("store", store.url)
+    if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely
+        journal.set_meta("cache_id", uuid.uuid4().hex[:8])
+    damage = journal.damage
+    if damage is not None:
+        notices.append(Notice(logging.WARNING, (
+            f"the journal in {cfg.cache_dir} lost committed state ({damage}); the mount "
+            f"checks the files this node wrote against the store, and is not durable "
+            f"until that is done (ckptfs status)")))
+    cache = LocalCache(cfg.cache_dir, cfg.cache_size, cfg.read_memory)
+    cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=damage is not None)
+    return Prepared(cfg, store, info, journal, cache, lock_fd, notices)
+
+
+def fuse_options(cfg: MountConfig) -> set[str]:
+    opts = set(pyfuse3.default_options)
+    opts |= {f"fsname={mounts.fsname(cfg.cache_dir)}", "subtype=ckptfs",
+             "default_permissions", "noatime"}
+    if cfg.allow_other:
+        opts.add("allow_other")
+    return opts
+
+
+def tune_readahead(mountpoint: str, kib: int = 4096) -> None:
+    """Raise the mount's read_ahead_kb so the kernel sends 1 MiB+ READs (best effort)."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        with open(path, "w") as f:
+            f.write(str(kib))
+    except OSError as e:
+        log.debug("could not raise read_ahead_kb: %s", e)
+
+
+def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
+    """Run the mount until unmounted; returns 0 when everything is durable in the store."""
+    cfg = p.cfg
+    ops_holder: dict[str, Any] = {}
+    for notice in p.notices:  # printed by `ckptfs mount` before the log was open
+        log.log(notice.level, "%s", notice.text)
+
+    async def main() -> int:
+        journal_limiter = trio.CapacityLimiter(1)
+        uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
+                            cfg.uploads_while_writing, codec_name=p.info.codec)
+        fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
+        publisher = Publisher(p.store, p.journal, journal_limiter,
+                              f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache,
+                              trash_keep=trash_seconds(cfg.trash_hours), codec_name=p.info.codec)
+        meta_limiter = trio.CapacityLimiter(16)
+        meta_limiter.name = "metadata"  # type: ignore[attr-defined]
+        sock_path = control_socket_path(cfg.cache_dir)
+        fs = CheckpointFS(AsyncStore(p.store, meta_limiter), p.cache, uploader, fetcher,
+                          publisher, p.info, Options(
+                              metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
+                              prefetch_window=min(cfg.prefetch_window, cfg.cache_size // 4),
+                              fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
+                              control_socket=sock_path))
+        autoprune: AutoPruner | None = None
+        if cfg.keep_last is not None:
+            autoprune = AutoPruner(p.store, Policy(cfg.keep_last, cfg.keep_every,
+                                                   cfg.keep_pattern or "*"), fs,
+                                   trash_keep=trash_seconds(cfg.trash_hours),
+                                   node=publisher.node_id)
+            publisher.on_applied = autoprune.notify
+        damage = p.journal.damage
+        if damage is not None:  # checked against the store once the nursery runs
+            fs.journal_check = JournalCheck(p.store, p.journal, journal_limiter, p.cache,
+                                            uploader, publisher, cfg.node_id, damage)
+        await uploader.resume(p.journal.pending_chunks())
+        for problem in fs.problems():  # said at every mount until the file is rewritten
+            log.error("%s", problem)
+        publisher.load(p.journal.pending_ops())
+        started = time.time()
+
+        def status() -> dict[str, Any]:
+            st = dataclasses.asdict(fs.statistics())
+            st.update(pid=os.getpid(), store=p.store.url, store_arg=cfg.store,
+                      endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
+                      cache_dir=cfg.cache_dir, version=__version__,
+                      uptime=round(time.time() - started, 1),
+                      autoprune=autoprune.statistics() if autoprune is not None else None)
+            return st
+
+        control = ControlServer(sock_path, status, fs.sync_target, fs.reached,
+                                uploader.wait_changed)
+        await fs.list_root()
+        pyfuse3.init(FuseOps(fs), cfg.mountpoint, fuse_options(cfg))
+        ops_holder["mounted"] = True
+        unmounted = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(uploader.run)
+            await nursery.start(fetcher.run)
+            await nursery.start(publisher.run)
+            await nursery.start(control.serve)
+            if fs.journal_check is not None:
+                await nursery.start(fs.journal_check.run)
+            if autoprune is not None:
+                await nursery.start(autoprune.run)
+            nursery.start_soon(_on_signals, cfg.mountpoint, unmounted)
+            nursery.start_soon(functools.partial(trio.to_thread.run_sync, tune_readahead,
+                                                 cfg.mountpoint))
+            ready(None)
+            log.info("mounted %s on %s (cache %s)", p.store.url, cfg.mountpoint, cfg.cache_dir)
+            await pyfuse3.main()
+            unmounted.set()
+            ops_holder["mounted"] = False
+            log.info("unmounted; flushing %d chunks and %d metadata ops to the store",
+                     uploader.pending_count(), publisher.pending_count)
+            crash_point("unmounted")
+            with trio.CancelScope() as flush_scope:
+                ops_holder["flush_scope"] = flush_scope
+                await fs.publish_leftovers()
+                await fs.wait_all_flushed()
+                if autoprune is not None and fs.flushed():
+                    await autoprune.finish()
+            durable = fs.durable()
+            for problem in fs.problems():
+                log.error("%s", problem)
+            log.info("flush %s", "complete: everything is in the store" if durable else
+                     "interrupted: the rest stays in the cache for the next mount"
+                     if not fs.flushed() else "complete, but some data could not be saved")
+            nursery.cancel_scope.cancel()
+        return 0 if durable else 1
+
+    async def _on_signals(mountpoint: str, unmounted: trio.Event) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for signum in sigs:
+                if not unmounted.is_set():
+                    log.info("signal %d: unmounting (lazy), then flushing", signum)
+                    await trio.to_thread.run_sync(_lazy_unmount, mountpoint)
+                else:
+                    log.warning("signal %d during the final flush: stopping now; pending "
+                                "data stays in the cache for the next mount", signum)
+                    scope = ops_holder.get("flush_scope")
+                    if scope is not None:
+                        scope.cancel()
+
+    code = 1
+    try:
+        code = trio.run(main)
+    except BaseException as e:
+        if "mounted" not in ops_holder:
+            ready(f"cannot mount {cfg.mountpoint}: {e}")
+        else:
+            log.exception("ckptfs failed")
+        raise
+    finally:
+        if "mounted" in ops_holder:
+            pyfuse3.close(unmount=bool(ops_holder.get("mounted")))
+        p.cache.close()
+        p.journal.close()
+        p.store.close()
+        os.close(p.lock_fd)
+    return code
+
+
+def _lazy_unmount(mountpoint: str) -> None:
+    subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

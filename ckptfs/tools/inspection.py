@@ -1,0 +1,557 @@
+"""Read-only walks over a store, no mount needed: list, verify, latest checkpoint, fsck."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ckptfs.common.errors import (
+    CorruptChunkError,
+    FormatError,
+    InvalidKeyError,
+    NoEntry,
+    NotFoundError,
+)
+from ckptfs.format import manifests
+from ckptfs.format.codec import HEADER_SIZE, decode_chunk
+from ckptfs.format.manifests import DirMarker, Manifest, RenameIntent, StoreInfo
+from ckptfs.store.base import Store
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: parallel HEAD/GET requests of one walk
+WORKERS = 16
+#: tasks submitted ahead of the workers (bounds memory on stores with millions of chunks)
+WINDOW = 4 * WORKERS
+NUMBER = re.compile(r"\d+")
+
+#: kinds of Problem (DAMAGED: a record in the store that does not parse or validate)
+MISSING, CORRUPT, DAMAGED, RENAMING = "missing", "corrupt", "damaged", "renaming"
+
+
+def parallel_map(fn: Callable[[T], R], items: Iterable[T], workers: int = WORKERS
+                 ) -> Iterator[tuple[T, R]]:
+    """(item, fn(item)) for every item, run on `workers` threads, in completion order.
+
+    At most WINDOW calls are queued at a time. The first exception raised by `fn` is
+    raised here (the calls still queued are cancelled).
+    """
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckptfs-inspect") as pool:
+        running: dict[Future[R], T] = {}
+        try:
+            for item in items:
+                if len(running) >= WINDOW:
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        yield running.pop(f), f.result()
+                running[pool.submit(fn, item)] = item
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield running.pop(f), f.result()
+        finally:
+            for f in running:
+                f.cancel()
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class Problem:
+    """One reason a file is not complete: a chunk, a manifest, or a rename in flight; or
+    (fsck) a damaged directory marker, trash entry or rename intent."""
+
+    path: str          # the file (or directory, for RENAMING), relative to the fs root;
+                       # the key of a damaged trash entry or intent
+    kind: str          # MISSING, CORRUPT, DAMAGED or RENAMING
+    chunk: str = ""    # the chunk's hash (MISSING, CORRUPT)
+    index: int = -1    # its position in the file
+    writer: str = ""   # the node that wrote the manifest (or started the rename)
+    detail: str = ""
+
+    def describe(self) -> str:
+        by = f", written by node {self.writer}" if self.writer else ""
+        if self.kind == MISSING:
+            return (f"{self.path}: chunk {self.index} ({manifests.chunk_key(self.chunk)}) "
+                    f"is not in the store{by}")
+        if self.kind == CORRUPT:
+            return (f"{self.path}: chunk {self.index} ({manifests.chunk_key(self.chunk)}) "
+                    f"is corrupt: {self.detail}{by}")
+        if self.kind == RENAMING:
+            return f"{self.path}: {self.detail}"
+        return f"{self.path}: {self.detail}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "kind": self.kind, "chunk": self.chunk or None,
+                "index": self.index if self.index >= 0 else None,
+                "writer": self.writer or None, "detail": self.detail or None}
+
+
+@dataclass
+class FileReport:
+    """One file (or symlink) as the store has it, and whether all of its chunks are there."""
+
+    path: str
+    size: int = 0
+    mode: int = 0
+    mtime_ns: int = 0
+    writer: str = ""
+    n_chunks: int = 0
+    target: str | None = None     # symlinks only
+    missing: list[tuple[int, str]] = field(default_factory=list)   # (index, hash)
+    corrupt: list[tuple[int, str, str]] = field(default_factory=list)  # (index, hash, why)
+    error: str | None = None      # the manifest could not be read or parsed
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and not self.missing and not self.corrupt
+
+    def problems(self) -> list[Problem]:
+        if self.error is not None:
+            return [Problem(self.path, DAMAGED, detail=self.error)]
+        return ([Problem(self.path, MISSING, h, i, self.writer) for i, h in self.missing]
+                + [Problem(self.path, CORRUPT, h, i, self.writer, why)
+                   for i, h, why in self.corrupt])
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "size": self.size, "mode": self.mode,
+                "mtime_ns": self.mtime_ns, "writer": self.writer, "chunks": self.n_chunks,
+                "target": self.target, "complete": self.complete,
+                "missing": [h for _, h in self.missing],
+                "corrupt": [h for _, h, _ in self.corrupt], "error": self.error}
+
+
+@dataclass
+class VerifyResult:
+    """verify(): the files under a path and every reason one of them is not complete."""
+
+    path: str
+    files: list[FileReport]
+    problems: list[Problem]
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+    @property
+    def incomplete_files(self) -> list[FileReport]:
+        return [f for f in self.files if not f.complete]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "complete": self.complete, "files": len(self.files),
+                "bytes": sum(f.size for f in self.files),
+                "incomplete_files": [f.path for f in self.incomplete_files],
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A directory rename that is running, or that a lost node left half done."""
+
+    key: str
+    src: str
+    dst: str
+    writer: str
+    error: str | None = None  # damaged: why (the mounts leave it alone; fsck names it)
+
+    def touches(self, path: str) -> bool:
+        """Whether `path` is, contains, or lies inside the rename's source or target."""
+        return any(_related(path, p) for p in (self.src, self.dst))
+
+
+@dataclass
+class FsckReport:
+    """fsck(): the whole store checked; `clean` when nothing needs attention."""
+
+    url: str
+    info: StoreInfo | None = None
+    info_error: str | None = None
+    deep: bool = False
+    files: int = 0
+    symlinks: int = 0
+    dir_markers: int = 0
+    file_bytes: int = 0
+    chunks_referenced: int = 0
+    chunks_stored: int = 0
+    stored_bytes: int = 0
+    garbage_chunks: int = 0       # stored but named by no manifest: not an error (gc)
+    garbage_bytes: int = 0
+    fossils: int = 0              # chunks set aside by gc (fossils/): not an error
+    fossil_bytes: int = 0
+    referenced_fossils: int = 0   # of those, named by a manifest: readable, gc restores them
+    trash_files: int = 0          # manifests in the trash (their chunks are not garbage)
+    problems: list[Problem] = field(default_factory=list)       # missing/corrupt/unreadable
+    corrupt_garbage: list[tuple[str, str]] = field(default_factory=list)  # (hash, why)
+    intents: list[Intent] = field(default_factory=list)         # warnings
+    strays: list[str] = field(default_factory=list)             # keys outside the layout
+
+    @property
+    def clean(self) -> bool:
+        return self.info_error is None and not self.problems and not self.corrupt_garbage
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "store": self.url, "clean": self.clean, "deep": self.deep,
+            "format": self.info.format if self.info else None,
+            "chunk_size": self.info.chunk_size if self.info else None,
+            "info_error": self.info_error, "files": self.files, "symlinks": self.symlinks,
+            "dir_markers": self.dir_markers, "file_bytes": self.file_bytes,
+            "chunks_referenced": self.chunks_referenced, "chunks_stored": self.chunks_stored,
+            "stored_bytes": self.stored_bytes, "garbage_chunks": self.garbage_chunks,
+            "garbage_bytes": self.garbage_bytes, "fossils": self.fossils,
+            "fossil_bytes": self.fossil_bytes, "referenced_fossils": self.referenced_fossils,
+            "trash_files": self.trash_files,
+            "problems": [p.to_dict() for p in self.problems],
+            "corrupt_garbage": [{"chunk": h, "detail": why} for h, why in self.corrupt_garbage],
+            "intents": [{"key": i.key, "src": i.src, "dst": i.dst, "writer": i.writer}
+                        for i in self.intents],
+            "strays": self.strays,
+        }
+
+
+# ---------------------------------------------------------------------------- helpers
+def read_info(store: Store) -> StoreInfo:
+    """ckptfs.json, checked; NoEntry when the store has none, FormatError when unusable."""
+    try:
+        blob = store.get(manifests.INFO_KEY)
+    except NotFoundError:
+        raise NoEntry(f"not a ckptfs store (no {manifests.INFO_KEY}): {store.url}") from None
+    return StoreInfo.from_json(blob)
+
+
+def check_is_store(store: Store) -> None:
+    """NoEntry unless `store` is a ckptfs store: it has ckptfs.json or, having lost it,
+    still has a store's layout (files/, chunks/, intents/ or fossils/), which fsck then
+    checks."""
+    try:
+        read_info(store)
+    except NoEntry:
+        for prefix in (manifests.FILES, manifests.CHUNKS, manifests.INTENTS,
+                       manifests.FOSSILS):
+            listing = store.list(prefix, delimiter="/")
+            if listing.objects or listing.prefixes:
+                return
+        raise
+    except FormatError:
+        return  # a store whose ckptfs.json is unusable: fsck reports it
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether path a is b, or one of them contains the other ('' is the root)."""
+    return a == b or not a or not b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def read_intents(store: Store) -> list[Intent]:
+    """The directory renames recorded in the store (intents/); a damaged one (`error`
+    set, no paths) touches everything, as its paths are unknown."""
+    intents = []
+    for key, _ in store.list(manifests.INTENTS, delimiter=None).objects:
+        try:
+            intent = RenameIntent.from_json(store.get(key))
+            intents.append(Intent(key, intent.src, intent.dst, intent.writer))
+        except NotFoundError:
+            continue  # finished meanwhile
+        except FormatError as e:
+            intents.append(Intent(key, "", "", "?", str(e)))
+    return intents
+
+
+def damaged_intent(intent: Intent) -> str:
+    """What a damaged rename intent means, for its one line."""
+    return (f"{intent.error}; a directory rename may be half done, and no mount finishes "
+            f"a damaged intent (repair or delete {intent.key})")
+
+
+def _read_manifest(store: Store, key: str) -> tuple[str, Manifest | None, str | None] | None:
+    """(path, manifest, None) or (path, None, why) for a files/ key; None if it vanished."""
+    try:
+        path = manifests.path_of_key(key)
+    except InvalidKeyError as e:
+        return key, None, str(e)
+    try:
+        blob = store.get(key)
+    except NotFoundError:
+        return None  # deleted or renamed since the listing
+    try:
+        return path, Manifest.from_json(blob), None
+    except FormatError as e:
+        return path, None, str(e)
+
+
+def _read_record(store: Store, key: str) -> tuple[Manifest | None, str | None]:
+    """(the manifest, None) for a manifest key, (None, None) for a marker (its key ends
+    in '/') or an object gone since the listing, (None, why) for a damaged one."""
+    try:
+        blob = store.get(key)
+    except NotFoundError:
+        return None, None
+    try:
+        if key.endswith("/"):
+            DirMarker.from_json(blob)
+            return None, None
+        return Manifest.from_json(blob), None
+    except FormatError as e:
+        return None, str(e)
+
+
+def _read_manifests(store: Store, keys: Iterable[str]
+                    ) -> list[tuple[str, Manifest | None, str | None]]:
+    found = [r for _, r in parallel_map(lambda k: _read_manifest(store, k), keys)]
+    return sorted((r for r in found if r is not None), key=lambda r: r[0])
+
+
+class ChunkChecker:
+    """HEADs (or, deep, GETs and re-hashes) chunks once each, however many files name them."""
+
+    def __init__(self, store: Store, deep: bool = False) -> None:
+        self.store = store
+        self.deep = deep
+        #: hash -> None (present and, if deep, sound), MISSING, or (CORRUPT, why)
+        self.results: dict[str, str | tuple[str, str] | None] = {}
+        #: the chunks of `results` found in fossils/ (set aside by gc), not in chunks/
+        self.fossils: set[str] = set()
+
+    def check_one(self, chunk_hash: str) -> tuple[str | tuple[str, str] | None, bool]:
+        """(result, whether the chunk was found in fossils/ instead of chunks/: set aside by
+        gc, readable there as readers fall back to it, restored by the next gc run)."""
+        fossil = False
+        for key in (manifests.chunk_key(chunk_hash), manifests.fossil_key(chunk_hash)):
+            if not self.deep:
+                size = self.store.head(key)
+                if size is None:
+                    fossil = True
+                    continue
+                if size < HEADER_SIZE:
+                    return (CORRUPT, f"object of {size} bytes is shorter than a chunk "
+                            f"header"), fossil
+                return None, fossil
+            try:
+                blob = self.store.get(key)
+            except NotFoundError:
+                fossil = True
+                continue
+            try:
+                decode_chunk(blob, chunk_hash)
+            except CorruptChunkError as e:
+                return (CORRUPT, str(e)), fossil
+            return None, fossil
+        return MISSING, False
+
+    def check(self, hashes: Iterable[str]) -> None:
+        todo = {h for h in hashes if h not in self.results}
+        for h, (result, fossil) in parallel_map(self.check_one, sorted(todo)):
+            self.results[h] = result
+            if fossil:
+                self.fossils.add(h)
+
+    def report(self, path: str, m: Manifest | None, error: str | None) -> FileReport:
+        """A FileReport from a manifest whose chunks check() has seen."""
+        if m is None:
+            return FileReport(path, error=error)
+        r = FileReport(path, m.size, m.mode, m.mtime_ns, m.writer, len(m.chunks), m.target)
+        for i, (h, _) in enumerate(m.chunks):
+            result = self.results.get(h)
+            if result == MISSING:
+                r.missing.append((i, h))
+            elif isinstance(result, tuple):
+                r.corrupt.append((i, h, result[1]))
+        return r
+
+
+# ---------------------------------------------------------------------------- walks
+def list_files(store: Store, path: str = "", deep: bool = False,
+               checker: ChunkChecker | None = None) -> list[FileReport]:
+    """Every file under directory `path` (recursively), or the one file `path` names.
+
+    Each chunk is HEADed once (deep: fetched and re-hashed once). NoEntry if the store
+    has neither a file nor a directory at `path`. `checker` may be shared between calls
+    to reuse what it has learned.
+    """
+    path = manifests.check_path(path.strip("/"))
+    checker = checker or ChunkChecker(store, deep)
+    found: list[tuple[str, Manifest | None, str | None]] = []
+    if path:
+        one = _read_manifest(store, manifests.file_key(path))
+        if one is not None:
+            found = [one]
+    if not found:
+        prefix = manifests.dir_prefix(path)
+        keys = [k for k, _ in store.list(prefix, delimiter=None).objects]
+        if path and not keys:
+            raise NoEntry(f"no such file or directory in the store: {path}")
+        found = _read_manifests(store, (k for k in keys if not k.endswith("/")))
+    checker.check(h for _, m, _ in found if m is not None for h, _ in m.chunks)
+    return [checker.report(p, m, err) for p, m, err in found]
+
+
+def verify(store: Store, path: str = "", deep: bool = False) -> VerifyResult:
+    """Whether every file under `path` (or the file `path`) has all of its chunks.
+
+    Also incomplete: a path that a directory rename in flight is moving (its files are
+    then split between two names).
+    """
+    path = path.strip("/")
+    files = list_files(store, path, deep)
+    problems = [p for f in files for p in f.problems()]
+    for intent in read_intents(store):
+        if not intent.touches(path):
+            continue
+        if intent.error is not None:
+            problems.append(Problem(intent.key, DAMAGED, detail=damaged_intent(intent)))
+            continue
+        problems.append(Problem(path, RENAMING, writer=intent.writer, detail=(
+                f"a directory rename {intent.src or '?'} -> {intent.dst or '?'} by node "
+                f"{intent.writer} is in flight or was interrupted ({intent.key}); the next "
+                f"mount finishes it")))
+    return VerifyResult(path, files, problems)
+
+
+def checkpoint_order_key(name: str) -> tuple[int, ...]:
+    """The numbers in a name, in order: checkpoint-9 < checkpoint-10, (epoch, step) pairs."""
+    return tuple(int(n) for n in NUMBER.findall(name))
+
+
+def checkpoint_names(store: Store, dir_path: str, pattern: str) -> tuple[str, list[str]]:
+    """(`dir_path` checked, the sorted names of its subdirectories that match the fnmatch
+    `pattern`): the candidates of latest() and retention.prune(). NoEntry if the store
+    has no such directory."""
+    dir_path = manifests.check_path(dir_path.strip("/"))
+    prefix = manifests.dir_prefix(dir_path)
+    listing = store.list(prefix, delimiter="/")
+    names = sorted(p[len(prefix):].rstrip("/") for p in listing.prefixes)
+    if not names and not listing.objects and dir_path:
+        raise NoEntry(f"no such directory in the store: {dir_path}")
+    return dir_path, [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+
+
+def latest(store: Store, dir_path: str = "", pattern: str = "*", deep: bool = False,
+           damaged: Callable[[Problem], None] = lambda problem: None) -> str | None:
+    """The newest complete checkpoint directory directly under `dir_path`, or None.
+
+    Candidates are the subdirectories whose name matches the fnmatch `pattern`. When every
+    candidate's name contains a number, newest = the largest numbers (compared in order,
+    so checkpoint-100 > checkpoint-99 and epoch=2-step=10 > epoch=1-step=90); otherwise
+    newest = the latest mtime of the files inside. A directory with no files, with a
+    missing or corrupt chunk, an unreadable manifest, or in a directory rename in flight
+    is skipped; `damaged` is told of each damaged manifest (and rename intent) met. The
+    result is a path relative to the filesystem root.
+    """
+    dir_path, names = checkpoint_names(store, dir_path, pattern)
+    intents = read_intents(store)
+    for i in intents:
+        if i.error is not None:
+            damaged(Problem(i.key, DAMAGED, detail=damaged_intent(i)))
+    checker = ChunkChecker(store, deep)
+
+    def usable(files: list[FileReport], path: str) -> bool:
+        for f in files:
+            if f.error is not None:
+                damaged(Problem(f.path, DAMAGED, detail=f.error))
+        return (bool(files) and all(f.complete for f in files)
+                and not any(i.touches(path) for i in intents))
+
+    if names and all(NUMBER.search(n) for n in names):
+        for name in sorted(names, key=lambda n: (checkpoint_order_key(n), n), reverse=True):
+            path = manifests.join(dir_path, name)
+            if usable(list_files(store, path, checker=checker), path):
+                return path
+        return None
+    newest: tuple[int, str] | None = None
+    for name in names:
+        path = manifests.join(dir_path, name)
+        files = list_files(store, path, checker=checker)
+        if usable(files, path):
+            candidate = (max(f.mtime_ns for f in files), path)
+            newest = candidate if newest is None else max(newest, candidate)
+    return None if newest is None else newest[1]
+
+
+def fsck(store: Store, deep: bool = False) -> FsckReport:
+    """Check the whole store: ckptfs.json, every manifest, every chunk they name.
+
+    Missing chunks are found by listing chunks/ (after the manifests were read, so a chunk
+    uploaded meanwhile is seen) and confirmed with a HEAD; one that gc set aside in
+    fossils/ is not missing (readers read it there). With `deep`, every stored chunk
+    is fetched and re-hashed, referenced or not: an unreferenced corrupt chunk matters
+    too, since a writer that deduplicates against it would trust it.
+    """
+    report = FsckReport(store.url, deep=deep)
+    try:
+        report.info = read_info(store)
+    except (NoEntry, FormatError) as e:
+        report.info_error = str(e)
+    report.intents = read_intents(store)
+    report.problems += [Problem(i.key, DAMAGED, detail=damaged_intent(i))
+                        for i in report.intents if i.error is not None]
+
+    keys = [k for k, _ in store.list(manifests.FILES, delimiter=None).objects]
+    markers = [k for k in keys if k.endswith("/")]
+    report.dir_markers = len(markers)
+    found = _read_manifests(store, (k for k in keys if not k.endswith("/")))
+    referenced: set[str] = set()
+    for path, m, err in found:
+        if m is None:
+            report.problems.append(Problem(path, DAMAGED, detail=err or ""))
+        elif m.is_symlink:
+            report.symlinks += 1
+        else:
+            report.files += 1
+            report.file_bytes += m.size
+            referenced.update(h for h, _ in m.chunks)
+    for key, (_, err) in parallel_map(lambda k: _read_record(store, k), markers):
+        if err is not None:
+            report.problems.append(Problem(key, DAMAGED, detail=err))
+    report.chunks_referenced = len(referenced)
+    # the trash's manifests keep their chunks (gc counts them) until they expire; a
+    # damaged one stops gc, which cannot tell which chunks it keeps
+    in_trash = (k for k, _ in store.list(manifests.TRASH, delimiter=None).objects)
+    for key, (m, err) in parallel_map(lambda k: _read_record(store, k), in_trash):
+        if err is not None:
+            report.problems.append(Problem(key, DAMAGED, detail=f"in the trash: {err}"))
+        elif m is not None:
+            report.trash_files += 1
+            referenced.update(h for h, _ in m.chunks)
+    report.problems.sort(key=lambda p: p.path)
+
+    stored: dict[str, int] = {}
+    for key, size in store.list(manifests.CHUNKS, delimiter=None).objects:
+        name = manifests.chunk_name(key)
+        if name is not None:
+            stored[name] = size
+        else:
+            report.strays.append(key)
+    # chunks set aside by gc (fossils/) and its scratch objects (gc/) are part of the
+    # layout, not strays: fossils are counted, and read where a manifest names them
+    for key, size in store.list(manifests.FOSSILS, delimiter=None).objects:
+        if manifests.chunk_name(key, manifests.FOSSILS) is not None:
+            report.fossils += 1
+            report.fossil_bytes += size
+    report.chunks_stored = len(stored)
+    report.stored_bytes = sum(stored.values())
+    garbage = stored.keys() - referenced
+    report.garbage_chunks = len(garbage)
+    report.garbage_bytes = sum(stored[h] for h in garbage)
+
+    checker = ChunkChecker(store, deep)
+    # a chunk the listing lacks may have been uploaded since: confirm with a HEAD
+    checker.check(referenced - stored.keys())
+    if deep:
+        checker.check(stored.keys())
+    else:
+        for h in referenced & stored.keys():
+            checker.results[h] = None if stored[h] >= HEADER_SIZE else (
+                CORRUPT, f"object of {stored[h]} bytes is shorter than a chunk header")
+    report.referenced_fossils = len(checker.fossils & referenced)
+    for path, m, err in found:
+        if m is not None:
+            report.problems += checker.report(path, m, err).problems()
+    report.corrupt_garbage = sorted(
+        (h, r[1]) for h, r in checker.results.items()
+        if isinstance(r, tuple) and h not in referenced)
+    report.strays += [k for k in (k for k, _ in store.list("", delimiter="/").objects)
+                      if k != manifests.INFO_KEY]
+    return report
