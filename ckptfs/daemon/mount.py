@@ -1,11 +1,13 @@
 """Mount lifecycle: open the store and cache, replay the journal, serve FUSE, flush, exit.
 
-    prepare()  store reachable? format known? cache dir free? journal replayed
-    serve()    pyfuse3.init -> trio.run(main) -> pyfuse3.close, in a try/finally
-    main()     one nursery: uploader, fetcher, publisher, control socket, signal handler,
-               the auto-prune (with --keep-last), pyfuse3.main(); when the file system is
-               unmounted (ckptfs umount, fusermount3 -u, SIGTERM), everything closed is
-               flushed to the store first, then the prunes still waiting run.
+    prepare()      store reachable? format known? cache dir free? journal replayed
+    serve()        Daemon(...).run(): trio.run(Daemon.main), then Daemon.close
+    Daemon.build   the uploader, fetcher, publisher, CheckpointFS, control socket, and
+                   the auto-prune (with --keep-last), wired together
+    Daemon.main    pyfuse3.init, one nursery with those services and the signal handler,
+                   pyfuse3.main() until the file system is unmounted (ckptfs umount,
+                   fusermount3 -u, SIGTERM); then Daemon.final_flush: everything closed
+                   goes to the store, then the prunes still waiting run.
 """
 
 from __future__ import annotations
@@ -245,12 +247,51 @@ def tune_readahead(mountpoint: str, kib: int = 4096) -> None:
 
 def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
     """Run the mount until unmounted; returns 0 when everything is durable in the store."""
-    cfg = p.cfg
-    ops_holder: dict[str, Any] = {}
-    for notice in p.notices:  # printed by `ckptfs mount` before the log was open
-        log.log(notice.level, "%s", notice.text)
+    return Daemon(p, ready).run()
 
-    async def main() -> int:
+
+@dataclass
+class Parts:
+    """The running pieces of one mount, built from its Prepared state by Daemon.build."""
+
+    uploader: Uploader
+    fetcher: Fetcher
+    publisher: Publisher
+    fs: CheckpointFS
+    control: ControlServer
+    autoprune: AutoPruner | None
+
+
+class Daemon:
+    """One mount's life, top to bottom: build the parts, serve FUSE until the file system
+    is unmounted, flush what is left to the store, close everything (run)."""
+
+    def __init__(self, p: Prepared, ready: Callable[[str | None], None]) -> None:
+        self.p = p
+        self.cfg = p.cfg
+        self.ready = ready  # called once: None when mounted, or the reason it failed
+        self.fuse_started = False  # pyfuse3.init ran: close() must call pyfuse3.close
+        self.mounted = False  # the kernel mount is up: pyfuse3.close must unmount it
+        self.started = time.time()
+        self.flush_scope: trio.CancelScope | None = None  # the final flush, once it runs
+
+    def run(self) -> int:
+        for notice in self.p.notices:  # printed by `ckptfs mount` before the log was open
+            log.log(notice.level, "%s", notice.text)
+        try:
+            return trio.run(self.main)
+        except BaseException as e:
+            if not self.fuse_started:
+                self.ready(f"cannot mount {self.cfg.mountpoint}: {e}")
+            else:
+                log.exception("ckptfs failed")
+            raise
+        finally:
+            self.close()
+
+    def build(self) -> Parts:
+        """The pipeline, the file system and its helpers, wired together (no task runs yet)."""
+        p, cfg = self.p, self.cfg
         journal_limiter = trio.CapacityLimiter(1)
         uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
                             cfg.uploads_while_writing, codec_name=p.info.codec)
@@ -278,92 +319,94 @@ def serve(p: Prepared, ready: Callable[[str | None], None]) -> int:
         if damage is not None:  # checked against the store once the nursery runs
             fs.journal_check = JournalCheck(p.store, p.journal, journal_limiter, p.cache,
                                             uploader, publisher, cfg.node_id, damage)
-        await uploader.resume(p.journal.pending_chunks())
+        control = ControlServer(sock_path, functools.partial(self.status, fs, autoprune),
+                                fs.sync_target, fs.reached, uploader.wait_changed)
+        return Parts(uploader, fetcher, publisher, fs, control, autoprune)
+
+    async def main(self) -> int:
+        parts = self.build()
+        fs = parts.fs
+        await parts.uploader.resume(self.p.journal.pending_chunks())
         for problem in fs.problems():  # said at every mount until the file is rewritten
             log.error("%s", problem)
-        publisher.load(p.journal.pending_ops())
-        started = time.time()
-
-        def status() -> dict[str, Any]:
-            st = dataclasses.asdict(fs.statistics())
-            st.update(pid=os.getpid(), store=p.store.url, store_arg=cfg.store,
-                      endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
-                      cache_dir=cfg.cache_dir, version=__version__,
-                      uptime=round(time.time() - started, 1),
-                      autoprune=autoprune.statistics() if autoprune is not None else None)
-            return st
-
-        control = ControlServer(sock_path, status, fs.sync_target, fs.reached,
-                                uploader.wait_changed)
+        parts.publisher.load(self.p.journal.pending_ops())
         await fs.list_root()
-        pyfuse3.init(FuseOps(fs), cfg.mountpoint, fuse_options(cfg))
-        ops_holder["mounted"] = True
+        pyfuse3.init(FuseOps(fs), self.cfg.mountpoint, fuse_options(self.cfg))
+        self.fuse_started = self.mounted = True
         unmounted = trio.Event()
         async with trio.open_nursery() as nursery:
-            await nursery.start(uploader.run)
-            await nursery.start(fetcher.run)
-            await nursery.start(publisher.run)
-            await nursery.start(control.serve)
+            for service in (parts.uploader.run, parts.fetcher.run, parts.publisher.run,
+                            parts.control.serve):
+                await nursery.start(service)
             if fs.journal_check is not None:
                 await nursery.start(fs.journal_check.run)
-            if autoprune is not None:
-                await nursery.start(autoprune.run)
-            nursery.start_soon(_on_signals, cfg.mountpoint, unmounted)
+            if parts.autoprune is not None:
+                await nursery.start(parts.autoprune.run)
+            nursery.start_soon(self.on_signals, unmounted)
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, tune_readahead,
-                                                 cfg.mountpoint))
-            ready(None)
-            log.info("mounted %s on %s (cache %s)", p.store.url, cfg.mountpoint, cfg.cache_dir)
-            await pyfuse3.main()
+                                                 self.cfg.mountpoint))
+            self.ready(None)
+            log.info("mounted %s on %s (cache %s)", self.p.store.url, self.cfg.mountpoint,
+                     self.cfg.cache_dir)
+            await pyfuse3.main()  # until unmounted: ckptfs umount, fusermount3 -u, a signal
             unmounted.set()
-            ops_holder["mounted"] = False
-            log.info("unmounted; flushing %d chunks and %d metadata ops to the store",
-                     uploader.pending_count(), publisher.pending_count)
-            crash_point("unmounted")
-            with trio.CancelScope() as flush_scope:
-                ops_holder["flush_scope"] = flush_scope
-                await fs.publish_leftovers()
-                await fs.wait_all_flushed()
-                if autoprune is not None and fs.flushed():
-                    await autoprune.finish()
-            durable = fs.durable()
-            for problem in fs.problems():
-                log.error("%s", problem)
-            log.info("flush %s", "complete: everything is in the store" if durable else
-                     "interrupted: the rest stays in the cache for the next mount"
-                     if not fs.flushed() else "complete, but some data could not be saved")
+            self.mounted = False
+            durable = await self.final_flush(parts)
             nursery.cancel_scope.cancel()
         return 0 if durable else 1
 
-    async def _on_signals(mountpoint: str, unmounted: trio.Event) -> None:
+    async def final_flush(self, parts: Parts) -> bool:
+        """Everything closed goes to the store, then the prunes still waiting run; a
+        second signal cuts it short. True when everything is durable in the store."""
+        fs = parts.fs
+        log.info("unmounted; flushing %d chunks and %d metadata ops to the store",
+                 parts.uploader.pending_count(), parts.publisher.pending_count)
+        crash_point("unmounted")
+        with trio.CancelScope() as self.flush_scope:
+            await fs.publish_leftovers()
+            await fs.wait_all_flushed()
+            if parts.autoprune is not None and fs.flushed():
+                await parts.autoprune.finish()
+        durable = fs.durable()
+        for problem in fs.problems():
+            log.error("%s", problem)
+        log.info("flush %s", "complete: everything is in the store" if durable else
+                 "interrupted: the rest stays in the cache for the next mount"
+                 if not fs.flushed() else "complete, but some data could not be saved")
+        return durable
+
+    async def on_signals(self, unmounted: trio.Event) -> None:
+        """SIGTERM, SIGINT, SIGHUP: a lazy unmount (then the final flush runs); during the
+        final flush: stop it, leaving what is pending in the cache for the next mount."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
             async for signum in sigs:
                 if not unmounted.is_set():
                     log.info("signal %d: unmounting (lazy), then flushing", signum)
-                    await trio.to_thread.run_sync(_lazy_unmount, mountpoint)
+                    await trio.to_thread.run_sync(_lazy_unmount, self.cfg.mountpoint)
                 else:
                     log.warning("signal %d during the final flush: stopping now; pending "
                                 "data stays in the cache for the next mount", signum)
-                    scope = ops_holder.get("flush_scope")
-                    if scope is not None:
-                        scope.cancel()
+                    if self.flush_scope is not None:
+                        self.flush_scope.cancel()
 
-    code = 1
-    try:
-        code = trio.run(main)
-    except BaseException as e:
-        if "mounted" not in ops_holder:
-            ready(f"cannot mount {cfg.mountpoint}: {e}")
-        else:
-            log.exception("ckptfs failed")
-        raise
-    finally:
-        if "mounted" in ops_holder:
-            pyfuse3.close(unmount=bool(ops_holder.get("mounted")))
-        p.cache.close()
-        p.journal.close()
-        p.store.close()
-        os.close(p.lock_fd)
-    return code
+    def status(self, fs: CheckpointFS, autoprune: AutoPruner | None) -> dict[str, Any]:
+        """What `ckptfs status` shows, answered on the control socket."""
+        cfg = self.cfg
+        st = dataclasses.asdict(fs.statistics())
+        st.update(pid=os.getpid(), store=self.p.store.url, store_arg=cfg.store,
+                  endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
+                  cache_dir=cfg.cache_dir, version=__version__,
+                  uptime=round(time.time() - self.started, 1),
+                  autoprune=autoprune.statistics() if autoprune is not None else None)
+        return st
+
+    def close(self) -> None:
+        if self.fuse_started:
+            pyfuse3.close(unmount=self.mounted)
+        self.p.cache.close()
+        self.p.journal.close()
+        self.p.store.close()
+        os.close(self.p.lock_fd)
 
 
 def _lazy_unmount(mountpoint: str) -> None:

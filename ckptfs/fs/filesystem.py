@@ -34,21 +34,18 @@ from ckptfs.common.errors import (
     InvalidArgument,
     IsADirectory,
     JournalFull,
-    KeyTooLongError,
     MissingChunkError,
-    NameTooLong,
-    NoAttribute,
     NoEntry,
     NotADirectory,
     NotEmpty,
     NotPermitted,
-    NotSupported,
-    StoreError,
 )
 from ckptfs.format import formats, manifests
 from ckptfs.format.manifests import DirMarker, Manifest, StoreInfo
+from ckptfs.fs import names
 from ckptfs.fs.listing import Lister
-from ckptfs.fs.namespace import ROOT_INODE, DirNode, FileNode, InodeTable, Node, NodeT
+from ckptfs.fs.namespace import DirNode, FileNode, InodeTable, Node, NodeT
+from ckptfs.fs.reporting import Reporting
 from ckptfs.fs.writebuffer import NewCutter, WriteBuffer
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
@@ -60,9 +57,6 @@ from ckptfs.store.base import AsyncStore
 
 log = logging.getLogger(__name__)
 
-STATE_XATTR = "user.ckptfs.state"
-CONTROL_XATTR = "user.ckptfs.control"
-NAME_MAX = 255  # bytes, as on ext4 and xfs (the directory store maps longer file names)
 HASH_THREADS = 2  # the `hash` limiter: hashing at close, fsync of staging files
 
 
@@ -96,38 +90,7 @@ class Handle:
     ahead_of: Manifest | None = None
 
 
-@dataclass(frozen=True)
-class MountStatistics:
-    """What `ckptfs status --json` prints (docs/OPERATIONS.md explains each field)."""
-
-    dirty_bytes: int
-    uploading_bytes: int
-    uploaded_bytes: int
-    stored_bytes: int
-    dedup_bytes: int
-    logical_bytes: int
-    compression_ratio: float | None
-    dedup_ratio: float | None
-    cache_bytes: int
-    cache_limit: int
-    memory_bytes: int  # fetched chunks held in memory (--read-memory)
-    upload_rate: int
-    eta_seconds: float | None
-    pending_chunks: int
-    pending_ops: int
-    open_files: int
-    fetched_bytes: int
-    cache_hits: int
-    cache_misses: int
-    errors: list[str]
-    problems: list[str]
-    retrying_since: float | None
-    #: why the journal cannot vouch for what is pending, until its check has run
-    journal_damage: str | None
-    durable: bool
-
-
-class CheckpointFS:
+class CheckpointFS(Reporting):
     """All filesystem operations, in terms of nodes; raises errors.FsError subclasses."""
 
     def __init__(self, store: AsyncStore, cache: LocalCache, uploader: Uploader,
@@ -255,60 +218,6 @@ class CheckpointFS:
         await self.lister.refresh(node)
         return sorted(node.children.items())
 
-    def _check_name_free(self, parent: DirNode, name: str, is_dir: bool = False) -> None:
-        path = manifests.join(parent.path, name)
-        if name in parent.children:
-            raise Exists(path)
-        if "/" in name or "\0" in name or name in (".", ".."):
-            raise InvalidArgument(name)
-        self._check_name(name)
-        self._check_fits(manifests.dir_key(path) if is_dir else manifests.file_key(path))
-
-    def _check_fits(self, key: str) -> None:
-        """ENAMETOOLONG for a key the store cannot hold (S3: 1024 bytes in all)."""
-        try:
-            self.store.check_length(key)
-        except KeyTooLongError as e:
-            raise NameTooLong(str(e)) from None
-
-    async def _check_tree_fits(self, src: DirNode, new_path: str) -> None:
-        """ENAMETOOLONG if moving the directory `src` to `new_path` would give a key the
-        store cannot hold: every entry known here, and, when a directory below `src` was
-        never listed, every key the store has below it (the publisher checks again before
-        it copies anything)."""
-        old_prefix = manifests.dir_key(src.path)
-        keys = [old_prefix]
-        complete = True
-        todo = [src]
-        while todo:
-            dnode = todo.pop()
-            complete = complete and dnode.listed
-            for child in dnode.children.values():
-                if isinstance(child, DirNode):
-                    keys.append(manifests.dir_key(child.path))
-                    todo.append(child)
-                else:
-                    keys.append(manifests.file_key(child.path))
-        if not complete:
-            try:
-                listing = await self.store.list(old_prefix, delimiter=None)
-                keys += [k for k, _ in listing.objects]
-            except StoreError as e:
-                log.warning("cannot list %s to check its new key lengths: %s", src.path, e)
-        new_prefix = manifests.dir_key(new_path)
-        for key in keys:
-            self._check_fits(new_prefix + key[len(old_prefix):])
-
-    @staticmethod
-    def _check_name(name: str) -> None:
-        """Names must be UTF-8 (store keys are) and at most NAME_MAX bytes."""
-        try:
-            encoded = name.encode()
-        except UnicodeEncodeError:
-            raise InvalidArgument(f"file name is not UTF-8: {name!r}") from None
-        if len(encoded) > NAME_MAX:
-            raise NameTooLong(name)
-
     @staticmethod
     def _touch(node: Node) -> None:
         node.mtime_ns = time.time_ns()
@@ -372,7 +281,7 @@ class CheckpointFS:
     async def mkdir(self, parent_inode: int, name: str, mode: int) -> DirNode:
         parent = await self._writable_dir(parent_inode)
         await self.lister.refresh(parent)
-        self._check_name_free(parent, name, is_dir=True)
+        names.check_name_free(self.store, parent, name, is_dir=True)
         now = time.time_ns()
         changing = self._changing((parent, name))
         node = self.table.new_dir(parent, name, mode, now)
@@ -416,7 +325,7 @@ class CheckpointFS:
     async def symlink(self, parent_inode: int, name: str, target: str) -> FileNode:
         parent = await self._writable_dir(parent_inode)
         await self.lister.refresh(parent)
-        self._check_name_free(parent, name)
+        names.check_name_free(self.store, parent, name)
         now = time.time_ns()
         m = Manifest(size=len(target.encode()), mode=stat.S_IFLNK | 0o777, mtime_ns=now,
                      writer=self.opt.writer_id, target=target)
@@ -442,15 +351,15 @@ class CheckpointFS:
         await self.lister.refresh(new_parent)
         if "/" in new_name or "\0" in new_name:
             raise InvalidArgument(new_name)
-        self._check_name(new_name)
+        names.check_name(new_name)
         dst = new_parent.children.get(new_name)
         if dst is src:
             return
         new_path = manifests.join(new_parent.path, new_name)
         if isinstance(src, DirNode):
-            await self._check_tree_fits(src, new_path)
+            await names.check_tree_fits(self.store, src, new_path)
         else:
-            self._check_fits(manifests.file_key(new_path))
+            names.check_fits(self.store, manifests.file_key(new_path))
         if dst is not None and noreplace:
             raise Exists(dst.path)
         if isinstance(src, DirNode):
@@ -524,41 +433,12 @@ class CheckpointFS:
             for dnode, name in changing:
                 dnode.recent.end(name, 0)
 
-    def xattr(self, inode: int, name: str) -> bytes:
-        node = self.node(inode)
-        if name == STATE_XATTR and isinstance(node, FileNode):
-            return self.file_state(node).encode()
-        if name == CONTROL_XATTR and inode == ROOT_INODE:
-            return self.opt.control_socket.encode()
-        raise NoAttribute(name)
-
-    def file_state(self, node: FileNode) -> str:
-        """'open' (written, not yet closed), 'pending' (closed, chunks uploading),
-        'durable' (every chunk in the store), or 'remote' (written by another node)."""
-        if node.buffer is not None:
-            return "open"
-        m = node.manifest
-        if not node.removed and self.publisher.is_pending(node.path):
-            return "pending"  # its manifest is not in the store yet
-        if m is None or m.is_symlink:
-            return "durable"
-        hashes = [h for h, _ in m.chunks]
-        if all(h in self.uploader.in_store for h in hashes):
-            return "durable"
-        if any(self.uploader.is_pending(h) for h in hashes):
-            return "pending"
-        return "remote"
-
-    @staticmethod
-    def set_xattr(name: str) -> None:
-        raise NotSupported(name)
-
     # ===================================================================== open/close
     async def create(self, parent_inode: int, name: str, mode: int, flags: int
                      ) -> tuple[int, FileNode]:
         parent = await self._writable_dir(parent_inode)
         await self.lister.refresh(parent)
-        self._check_name_free(parent, name)
+        names.check_name_free(self.store, parent, name)
         now = time.time_ns()
         node = self.table.new_file(parent, name, stat.S_IFREG | (mode & 0o7777), now)
         node.buffer = await self._new_buffer(node, None)
@@ -813,95 +693,3 @@ class CheckpointFS:
             log.error("read of %s failed: %s (written by node %s)", node.path, e,
                       writer or "?")
             raise
-
-    # ===================================================================== whole mount
-    def statfs(self) -> dict[str, int]:
-        """Sizes of the cache directory's disk, where every write lands first: `df` on the
-        mount shows how much can still be written locally. Inodes are not limited."""
-        disk = os.statvfs(self.cache.root)
-        return {"bsize": disk.f_frsize, "blocks": disk.f_blocks, "bfree": disk.f_bfree,
-                "bavail": disk.f_bavail, "files": 1 << 32, "ffree": 1 << 32,
-                "namemax": NAME_MAX}
-
-    def open_buffers(self) -> int:
-        """Files with written data not yet published (open, or failed to publish)."""
-        return len(self.table.open_buffers())
-
-    def problems(self) -> list[str]:
-        """Data this mount could not save, one line each (status `errors`, the log)."""
-        check = self.journal_check.problem() if self.journal_check is not None else None
-        out = [check] if check is not None else []
-        out += [f"could not publish {n.path}; its data is not saved: {n.publish_error}"
-                for n in self.table.open_buffers() if n.publish_error]
-        out += [f"DATA LOST: {f.path}: chunk {f.hash} is not in the store: {f.reason}; "
-                f"rewrite or delete the file" for f in self.uploader.lost_files()]
-        return out
-
-    def statistics(self) -> MountStatistics:
-        up = self.uploader.statistics()
-        fetch = self.fetcher.statistics()
-        problems = self.problems()
-        errors = [e for e in (up.last_error, self.publisher.last_error) if e] + problems
-        rate = up.upload_rate
-        dirty = self.cache.dirty_bytes
-        open_files = self.open_buffers()
-        return MountStatistics(
-            dirty_bytes=dirty,
-            uploading_bytes=up.uploading_bytes,
-            uploaded_bytes=up.uploaded_bytes,
-            stored_bytes=up.stored_bytes,
-            dedup_bytes=up.dedup_bytes,
-            logical_bytes=self.published_bytes,
-            compression_ratio=round(up.uploaded_bytes / up.stored_bytes, 3)
-            if up.stored_bytes else None,
-            dedup_ratio=round((up.uploaded_bytes + up.dedup_bytes) / up.uploaded_bytes, 3)
-            if up.uploaded_bytes else None,
-            cache_bytes=self.cache.used_bytes,
-            cache_limit=self.cache.limit_bytes,
-            memory_bytes=self.cache.memory_bytes,
-            upload_rate=round(rate),
-            eta_seconds=round(dirty / rate, 1) if rate > 0 else None,
-            pending_chunks=self.uploader.pending_count(),
-            pending_ops=self.publisher.pending_count,
-            open_files=open_files,
-            fetched_bytes=fetch.fetched_bytes,
-            cache_hits=fetch.cache_hits,
-            cache_misses=fetch.cache_misses,
-            errors=errors,
-            problems=problems,
-            retrying_since=up.retrying_since,
-            journal_damage=None if self.checked() or self.journal_check is None
-            else self.journal_check.damage,
-            durable=self.flushed() and not open_files and not problems,
-        )
-
-    def checked(self) -> bool:
-        """No check of a damaged journal against the store is due (recovery.py)."""
-        return self.journal_check is None or self.journal_check.done
-
-    def flushed(self) -> bool:
-        """Every chunk and metadata change journaled so far is in the store (and the
-        journal can vouch for that: checked())."""
-        return (self.uploader.pending_count() == 0 and self.publisher.pending_count == 0
-                and self.checked())
-
-    def durable(self) -> bool:
-        """flushed(), no file open with unpublished data (a failed publish included), and
-        no data lost."""
-        return (self.flushed() and not self.table.open_buffers()
-                and not self.uploader.lost_files())
-
-    def sync_target(self) -> tuple[int, frozenset[str]]:
-        """What `ckptfs sync` waits for: the ops and chunks journaled so far."""
-        return self.publisher.last_seq, frozenset(self.uploader.pending_hashes())
-
-    def reached(self, target: tuple[int, frozenset[str]]) -> bool:
-        seq, hashes = target
-        return self.checked() and self.publisher.applied_seq >= seq and not any(
-            self.uploader.is_pending(h) for h in hashes)
-
-    async def wait_all_flushed(self) -> None:
-        """Until every closed file and metadata change is in the store."""
-        while not self.flushed():
-            with trio.move_on_after(0.5):
-                await self.uploader.wait_changed()

@@ -25,8 +25,8 @@ from ckptfs.common.errors import (
     NotPermitted,
     NotSupported,
 )
-from ckptfs.fs import filesystem
 from ckptfs.fs.filesystem import CheckpointFS
+from ckptfs.fs.names import NAME_MAX
 from ckptfs.fs.namespace import DirNode, FileNode, Node
 
 
@@ -160,14 +160,14 @@ def test_rmdir_of_a_non_empty_directory_is_not_empty(tmp_path: Path) -> None:
     on_core(tmp_path, body)
 
 
-LONGEST = ["n" * filesystem.NAME_MAX,  # and in UTF-8 bytes, not characters (é is 2):
-           "é" * (filesystem.NAME_MAX // 2) + "x" * (filesystem.NAME_MAX % 2)]
+LONGEST = ["n" * NAME_MAX,  # and in UTF-8 bytes, not characters (é is 2):
+           "é" * (NAME_MAX // 2) + "x" * (NAME_MAX % 2)]
 
 
 def test_names_up_to_name_max_bytes(tmp_path: Path) -> None:
     """A name of NAME_MAX bytes (UTF-8, not characters) is taken by every call that makes
     a name; one byte more is NameTooLong, and nothing is created."""
-    limit = filesystem.NAME_MAX
+    limit = NAME_MAX
     assert [len(name.encode()) for name in LONGEST] == [limit, limit]
 
     async def body(fs: CheckpointFS) -> None:
