@@ -155,13 +155,12 @@ class WriteBuffer:
     async def _write_anywhere(self, offset: int, data: bytes) -> None:
         """Any other write: remote chunks it covers only in part are copied in first."""
         end = offset + len(data)
-        await self._grow(end)
-        for i in self.layout.touched(offset, len(data)):
-            if not self.is_local(i):
-                start, chunk_end = self.layout.span(i, self.size)
-                if offset > start or end < chunk_end:  # partial overwrite of a remote chunk
-                    h, n = self.remote[i]
-                    await self._copy_in(h, n, start)
+        size = max(self.size, end)
+        partial = [i for i in self.layout.touched(offset, len(data)) if not self.is_local(i)
+                   and (offset > self.layout.span(i, size)[0]
+                        or end < self.layout.span(i, size)[1])]
+        await self._copy_in(partial + self._extended(size))
+        self._grow(end)
         os.pwrite(self.staging.fd, data, offset)
         crash_point("write")
         for i in self.layout.touched(offset, len(data)):
@@ -194,16 +193,16 @@ class WriteBuffer:
         """Cut or extend the file to `size` bytes (extension reads as zeros)."""
         self._out_of_order()
         if size > self.size:
+            await self._copy_in(self._extended(size))
             os.ftruncate(self.staging.fd, size)
-            await self._grow(size)
+            self._grow(size)
         elif size < self.size:
             count = self.layout.count(size)
             last = count - 1
             cut = count > 0 and self.layout.span(last, size) != self.layout.span(last,
                                                                                   self.size)
-            if cut and not self.is_local(last):  # the new last chunk keeps only a part
-                h, n = self.remote[last]
-                await self._copy_in(h, n, self.layout.span(last, size)[0])
+            if cut:  # the new last chunk keeps only a part
+                await self._copy_in([last])
             for i in range(count, self.layout.count(self.size)):
                 start = self.layout.span(i, self.size)[0]
                 self.versions.pop(i, None)  # an early upload of it in flight: not ours
@@ -218,28 +217,44 @@ class WriteBuffer:
             if cut:
                 self._mark_written(last)
 
-    async def _grow(self, size: int) -> None:
-        """Extend to `size`: the old partial last chunk and the new ones become local."""
+    def _extended(self, size: int) -> list[int]:
+        """The old partial last chunk if it is remote and growing to `size` extends it:
+        its stored bytes must be copied in first."""
+        count = self.layout.count(self.size)
+        if count and not self.is_local(count - 1) and (
+                self.layout.span(count - 1, self.size)[1]
+                < self.layout.span(count - 1, size)[1]):
+            return [count - 1]
+        return []
+
+    def _grow(self, size: int) -> None:
+        """Extend to `size` (any remote chunk it extends copied in): the old partial last
+        chunk and the new ones become local."""
         if size <= self.size:
             return
         count = self.layout.count(self.size)
         first = count  # the first chunk that changes: a new one, or a partial last one
-        if count:
-            last = count - 1
-            start, end = self.layout.span(last, self.size)
-            if end < self.layout.span(last, size)[1]:
-                first = last
-                if not self.is_local(last):  # it grows: its stored bytes are copied in
-                    h, n = self.remote[last]
-                    await self._copy_in(h, n, start)
+        if count and self.layout.span(count - 1, self.size)[1] < self.layout.span(
+                count - 1, size)[1]:
+            first = count - 1
+            assert self.is_local(first), "a remote chunk to extend was not copied in"
         self.size = size
         self.staging.extent = max(self.staging.extent, size)
         for i in range(first, self.layout.count(size)):
             self._mark_written(i)
 
-    async def _copy_in(self, chunk_hash: str, length: int, offset: int) -> None:
-        """Copy-on-write: a stored chunk's bytes into the staging file at `offset`."""
-        os.pwrite(self.staging.fd, await self.read_chunk(chunk_hash, 0, length), offset)
+    async def _copy_in(self, indexes: list[int]) -> None:
+        """Copy-on-write, before any change: the stored bytes of these remote chunks into
+        the staging file, each then local with its content unchanged. A fetch that fails
+        fails the write or truncate (EIO) and leaves the file as it was."""
+        for i in indexes:
+            if not self.is_local(i):
+                await self._fetch_into(self.remote[i], self.layout.span(i, self.size)[0])
+                self._mark_written(i)
+
+    async def _fetch_into(self, chunk: tuple[str, int], offset: int) -> None:
+        """A stored chunk's bytes (hash, length) into the staging file at `offset`."""
+        os.pwrite(self.staging.fd, await self.read_chunk(chunk[0], 0, chunk[1]), offset)
 
     def _mark_written(self, index: int) -> None:
         """Chunk `index` was (or will now be) modified in the staging file."""
@@ -404,9 +419,8 @@ class WriteBuffer:
             for k in old.touched(start, end - start):
                 if not self.is_local(k) and k not in copied:
                     copied.add(k)
-                    h, n = self.remote[k]
                     k_start = old.span(k, self.size)[0]
-                    await self._copy_in(h, n, k_start)
+                    await self._fetch_into(self.remote[k], k_start)
                     self.cache.fill_hole(self.staging, k_start)
         for i in range(old.count(self.size)):
             if self.is_local(i):

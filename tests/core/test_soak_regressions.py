@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import pytest
 import trio
-from corefs import CHUNK, core, read_file, run, write_file
+from corefs import CHUNK, ROOT, core, read_file, run, write_file
 from support import random_bytes
 
+from ckptfs.common.errors import CkptfsError
 from ckptfs.store.local import LocalStore
 
 
@@ -43,5 +45,37 @@ def test_an_early_upload_finishing_after_a_truncate_dropped_its_chunk(
             await fs.release(fh)
             await fs.wait_all_flushed()
             assert await read_file(fs, "a.bin") == data[:10]
+
+    run(main)
+
+
+def test_a_copy_in_that_fails_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    """Found by the soak (seed 1052, while the store was out). On a node whose cache
+    holds only the file's last chunk, a write that overwrites part of the stored chunk
+    before it and goes past the end must copy that chunk in first. When the fetch
+    fails, the write fails (EIO) and the file is as it was: before the fix it had
+    already grown, and was published longer than anything ever written to it."""
+    data = random_bytes(2 * CHUNK + 100, 1052)
+    store = tmp_path / "a" / "store"
+
+    async def main() -> None:
+        async with core(tmp_path / "a") as fs:
+            await write_file(fs, "f.bin", data)
+            await fs.wait_all_flushed()
+        (tmp_path / "b").mkdir()
+        (tmp_path / "b" / "store").symlink_to(store)
+        async with core(tmp_path / "b", prefetch_window=0) as fs:  # another node
+            node = await fs.lookup(ROOT, "f.bin")
+            fh, _ = await fs.open(node.inode, os.O_RDWR)
+            assert await fs.read(fh, 2 * CHUNK, 100) == data[2 * CHUNK:]  # now cached
+            (store / "chunks").rename(store / "chunks.out")  # the store is out
+            with pytest.raises(CkptfsError):
+                await fs.write(fh, CHUNK + 10, b"x" * (CHUNK + 200))
+            (store / "chunks.out").rename(store / "chunks")  # back
+            assert await fs.read(fh, 0, len(data) + 300) == data
+            await fs.flush(fh)
+            await fs.release(fh)
+            await fs.wait_all_flushed()
+            assert await read_file(fs, "f.bin") == data
 
     run(main)
