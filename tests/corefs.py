@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from ckptfs.common.config import LIMITS
 from ckptfs.daemon.mount import create_store, read_store_info
 from ckptfs.fs.filesystem import CheckpointFS, Options
 from ckptfs.fs.namespace import FileNode
@@ -18,7 +19,7 @@ from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.journal import Journal
 from ckptfs.pipeline.publisher import Publisher
 from ckptfs.pipeline.recovery import JournalCheck
-from ckptfs.pipeline.uploader import QUEUE_LIMIT, Uploader
+from ckptfs.pipeline.uploader import Uploader
 from ckptfs.store.base import AsyncStore
 from ckptfs.store.local import LocalStore
 
@@ -30,7 +31,7 @@ ROOT = 1
 @contextlib.asynccontextmanager
 async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
                upload_threads: int = 2, publish: bool = True,
-               queue_limit: int = QUEUE_LIMIT,
+               queue_limit: int = LIMITS.upload_queue,
                prefetch_window: int = Options.prefetch_window) -> AsyncIterator[CheckpointFS]:
     """A CheckpointFS on the store root/store with its cache in root/cache (kept between
     calls, like a remount with the same --cache-dir). upload=False: nothing reaches the

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptfs import __version__
+from ckptfs.common.config import MountConfig, check_glob, trash_seconds
 from ckptfs.common.errors import (
     CkptfsError,
     CliError,
@@ -27,7 +28,6 @@ from ckptfs.common.errors import (
 )
 from ckptfs.common.units import format_duration, parse_duration, parse_size
 from ckptfs.daemon import mounts
-from ckptfs.daemon.config import MountConfig, check_glob, trash_seconds
 
 if TYPE_CHECKING:
     from ckptfs.pipeline.journal import LostFile

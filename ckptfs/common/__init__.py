@@ -1,4 +1,5 @@
-"""The bottom layer: errors and their errnos, crash points for tests, the retry policy.
+"""The bottom layer: the configuration, errors and their errnos, units, the retry policy,
+crash points for tests.
 
 Imports nothing else of ckptfs.
 """

@@ -17,6 +17,15 @@ def parse_size(text: str, option: str = "size") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+def format_size(n: int) -> str:
+    """Bytes as parse_size reads them, in the largest binary unit that is exact: 16G,
+    256M, 512K, or plain bytes."""
+    for unit in "TGMK":
+        if n and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
+
+
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 #: the longest duration an option takes, in seconds: 100 years (36500d); a longer one is a
 #: typo, and its cutoff would lie before year 1

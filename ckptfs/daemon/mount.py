@@ -32,15 +32,23 @@ import pyfuse3
 import trio
 
 from ckptfs import __version__
+from ckptfs.common.config import (
+    LIMITS,
+    NEW_STORE_CHUNK_SIZE,
+    NEW_STORE_CODEC,
+    NEW_STORE_MIN_RECORD,
+    MountConfig,
+    default_cache_dir,
+    trash_seconds,
+)
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import ConfigError, NotFoundError
 from ckptfs.daemon import mounts
-from ckptfs.daemon.config import MountConfig, default_cache_dir, trash_seconds
 from ckptfs.daemon.control import ControlServer
 from ckptfs.daemon.fuseops import FuseOps
 from ckptfs.daemon.locate import mount_refusal
 from ckptfs.format import manifests
-from ckptfs.format.chunking import DEFAULT_CHUNK_SIZE, check_chunk_size
+from ckptfs.format.chunking import check_chunk_size
 from ckptfs.format.manifests import StoreInfo
 from ckptfs.fs.autoprune import AutoPruner, Policy
 from ckptfs.fs.filesystem import CheckpointFS, Options
@@ -84,9 +92,8 @@ def read_store_info(store: Store) -> StoreInfo | None:
         return None
 
 
-def create_store(store: Store, chunk_size: int,
-                 min_record: int = manifests.DEFAULT_MIN_RECORD,
-                 codec: str = "zstd4") -> StoreInfo:
+def create_store(store: Store, chunk_size: int, min_record: int = NEW_STORE_MIN_RECORD,
+                 codec: str = NEW_STORE_CODEC) -> StoreInfo:
     """Initialise a new store: ckptfs.json, then the root directory's marker."""
     info = StoreInfo(chunk_size=chunk_size, min_record=min_record, codec=codec)
     store.put(manifests.INFO_KEY, info.to_json())
@@ -139,7 +146,8 @@ def prepare(cfg: MountConfig) -> Prepared:
     """Open and check everything; ConfigError/StoreError/FormatError with one-line messages."""
     check_mountpoint(cfg.mountpoint)
     store = open_store(cfg.store, endpoint_url=cfg.endpoint_url, region=cfg.region,
-                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads + 40,
+                       max_pool_connections=cfg.upload_threads + cfg.fetch_threads
+                       + LIMITS.spare_connections,
                        storage_class=cfg.storage_class, storage_class_prefix=manifests.CHUNKS)
     check = getattr(store, "check", None)
     if check is not None:
@@ -159,7 +167,7 @@ def prepare(cfg: MountConfig) -> Prepared:
     info = read_store_info(store)
     if info is None:  # a new store: created last, once nothing else can refuse the mount
         mount_refusal(store, cfg.store, cfg.mountpoint)  # a store inside a store
-        chunk_size = cfg.chunk_size or DEFAULT_CHUNK_SIZE
+        chunk_size = cfg.chunk_size or NEW_STORE_CHUNK_SIZE
     else:
         chunk_size = info.chunk_size
         if cfg.chunk_size is not None and cfg.chunk_size != info.chunk_size:
@@ -206,8 +214,8 @@ def prepare(cfg: MountConfig) -> Prepared:
         raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
                           "use another --cache-dir")
     if info is None:
-        info = create_store(store, chunk_size, cfg.min_record or manifests.DEFAULT_MIN_RECORD,
-                            cfg.codec or "zstd4")
+        info = create_store(store, chunk_size, cfg.min_record or NEW_STORE_MIN_RECORD,
+                            cfg.codec or NEW_STORE_CODEC)
         notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
                                             f"(chunk size {size_text(chunk_size)})"))
     if known is None:
@@ -299,15 +307,11 @@ class Daemon:
         publisher = Publisher(p.store, p.journal, journal_limiter,
                               f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache,
                               trash_keep=trash_seconds(cfg.trash_hours), codec_name=p.info.codec)
-        meta_limiter = trio.CapacityLimiter(16)
+        meta_limiter = trio.CapacityLimiter(LIMITS.metadata_threads)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
-        sock_path = control_socket_path(cfg.cache_dir)
         fs = CheckpointFS(AsyncStore(p.store, meta_limiter), p.cache, uploader, fetcher,
-                          publisher, p.info, Options(
-                              metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
-                              prefetch_window=min(cfg.prefetch_window, cfg.cache_size // 4),
-                              fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
-                              control_socket=sock_path))
+                          publisher, p.info,
+                          Options.of(cfg, control_socket_path(cfg.cache_dir)))
         autoprune: AutoPruner | None = None
         if cfg.keep_last is not None:
             autoprune = AutoPruner(p.store, Policy(cfg.keep_last, cfg.keep_every,
@@ -319,7 +323,8 @@ class Daemon:
         if damage is not None:  # checked against the store once the nursery runs
             fs.journal_check = JournalCheck(p.store, p.journal, journal_limiter, p.cache,
                                             uploader, publisher, cfg.node_id, damage)
-        control = ControlServer(sock_path, functools.partial(self.status, fs, autoprune),
+        control = ControlServer(fs.opt.control_socket,
+                                functools.partial(self.status, fs, autoprune),
                                 fs.sync_target, fs.reached, uploader.wait_changed)
         return Parts(uploader, fetcher, publisher, fs, control, autoprune)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import trio
 
+from ckptfs.common.config import LIMITS, MountConfig
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import (
     CorruptChunkError,
@@ -57,7 +58,6 @@ from ckptfs.store.base import AsyncStore
 
 log = logging.getLogger(__name__)
 
-HASH_THREADS = 2  # the `hash` limiter: hashing at close, fsync of staging files
 
 
 def describe_error(e: BaseException) -> str:
@@ -69,14 +69,24 @@ def describe_error(e: BaseException) -> str:
 
 @dataclass
 class Options:
-    """The knobs of the filesystem core (`mount.serve` builds them from the MountConfig)."""
+    """The filesystem core's part of the MountConfig (its defaults are MountConfig's,
+    documented there; the daemon builds them with `of`)."""
 
-    metadata_ttl: float = 1.0
-    publish_timeout: float = 10.0
-    prefetch_window: int = 256 << 20  # bytes fetched ahead of each reader (0: none)
-    fsync_to_store: bool = False
+    metadata_ttl: float = MountConfig.metadata_ttl
+    publish_timeout: float = MountConfig.publish_timeout
+    prefetch_window: int = MountConfig.prefetch_window  # bytes ahead of each reader (0: none)
+    fsync_to_store: bool = MountConfig.fsync_to_store
     writer_id: str = ""
     control_socket: str = ""
+
+    @classmethod
+    def of(cls, cfg: MountConfig, control_socket: str) -> Options:
+        """The options of a mount of `cfg`: its prefetch window at most a quarter of the
+        cache, so that prefetched chunks cannot crowd out the dirty data."""
+        return cls(metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
+                   prefetch_window=min(cfg.prefetch_window, cfg.cache_size // 4),
+                   fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
+                   control_socket=control_socket)
 
 
 @dataclass(eq=False)
@@ -114,7 +124,7 @@ class CheckpointFS(Reporting):
                              options.publish_timeout, self._pinned)
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
-        self._hash_limiter = trio.CapacityLimiter(HASH_THREADS)
+        self._hash_limiter = trio.CapacityLimiter(LIMITS.hash_threads)
         self._hash_limiter.name = "hash"  # type: ignore[attr-defined]
         self.published_bytes = 0  # logical bytes of the file versions closed here
         #: the check after the journal lost committed state (recovery.py), if one is due

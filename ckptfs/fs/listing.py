@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import trio
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.errors import (
     DamagedRecord,
     FormatError,
@@ -39,7 +40,6 @@ from ckptfs.store.base import AsyncStore
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-LIST_CONCURRENCY = 32  # manifest and marker GETs in flight while merging one listing
 
 
 class Lister:
@@ -155,7 +155,7 @@ class Lister:
         results: dict[str, Manifest] = {}
         damaged: dict[str, str] = {}  # name -> why its manifest is damaged
         markers: dict[str, DirMarker] = {}
-        limiter = trio.CapacityLimiter(LIST_CONCURRENCY)
+        limiter = trio.CapacityLimiter(LIMITS.list_concurrency)
 
         async def read_one(name: str) -> None:
             async with limiter:

@@ -50,6 +50,7 @@ from typing import Any
 
 import trio
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import (
     CkptfsError,
@@ -70,13 +71,10 @@ from ckptfs.tools import trash
 log = logging.getLogger(__name__)
 
 DELETES = ("delete_file", "delete_dir")
-RENAME_THREADS = 16
 #: seconds: a put_file op applied later than this after it was journaled (monotonic
 #: clock) has its chunks re-confirmed first (module docstring): manifests.CONFIRM_WINDOW,
 #: the window gc's grace rests on (a module attribute here, so that tests can shorten it)
 CONFIRM_WINDOW = manifests.CONFIRM_WINDOW
-CONFIRM_THREADS = 16  # HEADs and fossil copies of one manifest's chunks at a time
-CONFIRM_UPLOADS = 4  # chunks uploaded again from a staging file at a time (memory)
 LOST_REASON = ("it is gone from the store (ckptfs gc?) and no copy is left (no fossil, "
                "not in this node's staging file): the manifest waited too long to be "
                "published")
@@ -349,11 +347,11 @@ class Publisher:
         file `fd` (-1: none) at one of its `spans`. Returns the chunks still missing.
         `why` ends the log line."""
         start = time.monotonic()
-        with ThreadPoolExecutor(CONFIRM_THREADS) as pool:
+        with ThreadPoolExecutor(LIMITS.confirm_threads) as pool:
             found = dict(zip(spans, pool.map(self.present_or_restored, spans),
                              strict=True))
         missing = [h for h, how in found.items() if how is None]
-        with ThreadPoolExecutor(CONFIRM_UPLOADS) as pool:
+        with ThreadPoolExecutor(LIMITS.confirm_uploads) as pool:
             uploaded = dict(zip(missing, pool.map(
                 lambda h: self.upload_from_staging(h, fd, spans[h]), missing), strict=True))
         lost = [h for h, ok in uploaded.items() if not ok]
@@ -453,7 +451,7 @@ class Publisher:
         keys = [k for k, _ in self.store.list(old_prefix, delimiter=None).objects]
         for key in keys:  # a key too long for the store fails the rename before any copy
             self.store.check_length(new_prefix + key[len(old_prefix):])
-        with ThreadPoolExecutor(RENAME_THREADS) as pool:
+        with ThreadPoolExecutor(LIMITS.rename_threads) as pool:
             list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
                           keys))
         crash_point("rename_dir_copied")

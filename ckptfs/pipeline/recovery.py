@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.errors import (
     FormatError,
     InvalidKeyError,
@@ -43,7 +44,7 @@ from ckptfs.format import manifests
 from ckptfs.format.manifests import Manifest
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.journal import Journal
-from ckptfs.pipeline.publisher import CONFIRM_THREADS, Publisher, RetryingStore
+from ckptfs.pipeline.publisher import Publisher, RetryingStore
 from ckptfs.pipeline.uploader import Uploader
 from ckptfs.store.base import Store
 from ckptfs.tools.inspection import parallel_map
@@ -213,7 +214,7 @@ class JournalCheck:
             if chunk_hash not in journaled:  # a journaled one is the uploader's
                 spans.setdefault(chunk_hash, []).append((offset, length))
         report.chunks += len(spans)
-        with ThreadPoolExecutor(CONFIRM_THREADS) as pool:
+        with ThreadPoolExecutor(LIMITS.confirm_threads) as pool:
             found = dict(zip(spans, pool.map(self.publisher.present_or_restored, spans),
                              strict=True))
         report.restored += sum(1 for how in found.values() if how == "fossil")

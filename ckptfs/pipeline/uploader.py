@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import JournalError, StoreError, TransientStoreError
 from ckptfs.common.retry import BACKGROUND, PERMANENT_DELAY
@@ -45,10 +46,6 @@ STREAM_WINDOW = 0.25  # seconds: writes this recent, and this many bytes of them
 STREAM_BYTES = 16 << 20  # ... mean a save is streaming in (see WriterActivity)
 MOOT_CHECK = 1.0  # seconds: how often a job waiting to retry looks whether it still must
 RATE_WINDOW = 5.0  # seconds: upload_rate is the bytes PUT in this window, divided by it
-#: upload jobs the queue holds (docs/CONCURRENCY.md): an early job that finds it full is
-#: dropped (its chunk is journaled and queued at close instead); a published chunk that
-#: finds it full waits in `_overflow`, in order, and is queued as workers take jobs
-QUEUE_LIMIT = 10_000
 
 Instance = tuple[int, int]  # one chunk of one file version: (staging file id, offset)
 
@@ -181,7 +178,7 @@ class Uploader:
                  journal_limiter: trio.CapacityLimiter, workers: int = 8,
                  overlap_workers: int | None = None, rate_window: float = RATE_WINDOW,
                  confirm_window: float = CONFIRM_WINDOW, codec_name: str = "lz4",
-                 queue_limit: int = QUEUE_LIMIT) -> None:
+                 queue_limit: int = LIMITS.upload_queue) -> None:
         self.store = store
         self.codec_name = codec_name  # how new chunks are compressed: the store's codec
         self.cache = cache

@@ -23,6 +23,7 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobPrefix, BlobServiceClient, ContainerClient, LinearRetry
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import (
     ConfigError,
@@ -49,7 +50,6 @@ PERMANENT_404 = frozenset({"ContainerNotFound", "ContainerBeingDeleted", "Accoun
 TRANSIENT_CODES = frozenset({"ServerBusy", "OperationTimedOut", "InternalError",
                              "IncrementalCopyOfEarlierVersionSnapshotNotAllowed"})
 #: most deletes in flight at once in delete_many
-DELETE_THREADS = 8
 #: the environment variables of Azure's tools, in the order they are tried
 CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_VARS = ("AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_NAME")
@@ -309,7 +309,7 @@ class AzureStore(PrefixedStore):
             for key in keys:
                 self.delete(key)
             return
-        with ThreadPoolExecutor(DELETE_THREADS) as pool:
+        with ThreadPoolExecutor(LIMITS.delete_threads) as pool:
             list(pool.map(self.delete, keys))
 
     def list(self, prefix: str, delimiter: str | None = "/") -> Listing:

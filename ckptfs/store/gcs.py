@@ -19,6 +19,7 @@ from google.cloud import storage
 from google.resumable_media import common as media
 from urllib3.util.retry import Retry
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import (
     ConfigError,
@@ -44,7 +45,6 @@ EMULATOR_VAR = "STORAGE_EMULATOR_HOST"
 #: HTTP statuses whose request the client sends a second time at once
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 #: most deletes in flight at once in delete_many
-DELETE_THREADS = 8
 #: the scopes a store needs (read and write objects, list them)
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 
@@ -283,7 +283,7 @@ class GcsStore(PrefixedStore):
             for key in keys:
                 self.delete(key)
             return
-        with ThreadPoolExecutor(DELETE_THREADS) as pool:
+        with ThreadPoolExecutor(LIMITS.delete_threads) as pool:
             list(pool.map(self.delete, keys))
 
     def _pages(self, prefix: str, delimiter: str | None) -> Any:

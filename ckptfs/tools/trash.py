@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.errors import ConfigError, FormatError, KeyTooLongError, NoEntry, NotFoundError
 from ckptfs.common.units import format_duration, parse_duration
 from ckptfs.format import manifests
@@ -32,7 +33,6 @@ from ckptfs.tools import inspection
 log = logging.getLogger(__name__)
 
 #: copies to the trash of one batch of deletes at a time
-TRASH_THREADS = 16
 #: keys per delete_many call (S3's DeleteObjects takes at most 1000)
 DELETE_BATCH = 1000
 #: a batch: <UTC time>-<keep>-<sequence>-<node>, e.g. 20261201T053300Z-24h-41-gpu-node-07
@@ -93,7 +93,7 @@ def keep_version(store: Store, path: str, manifest: bytes, batch: str) -> None:
 
 def keep_all(store: Store, keys: Iterable[str], batch: str) -> None:
     """keep() each key: the directories' markers first, parents before children, then the
-    files, TRASH_THREADS at a time. (On SeaweedFS, a marker PUT at the same moment as a
+    files, LIMITS.trash_threads at a time. (On SeaweedFS, a marker PUT at the same moment as a
     child's can be missing from later listings: it was, in the trash, in 2 of 40 copies
     of a directory of 5 files made all at once, and the directory's deletion was then
     off the record.)"""
@@ -105,7 +105,7 @@ def keep_all(store: Store, keys: Iterable[str], batch: str) -> None:
         for key in files:
             keep(store, key, batch)
         return
-    with ThreadPoolExecutor(TRASH_THREADS, thread_name_prefix="ckptfs-trash") as pool:
+    with ThreadPoolExecutor(LIMITS.trash_threads, thread_name_prefix="ckptfs-trash") as pool:
         list(pool.map(lambda k: keep(store, k, batch), files))
 
 

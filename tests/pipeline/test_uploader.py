@@ -13,6 +13,7 @@ import trio
 from pipeline_helpers import RecordingStore, put_chunk, run, staged, stored_chunk
 from support import random_bytes, wait_until_async
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.errors import PermanentStoreError
 from ckptfs.common.retry import Backoff
 from ckptfs.format import codec
@@ -587,7 +588,7 @@ def test_the_upload_queue_holds_at_most_10000_jobs(store: RecordingStore, cache:
         for i in range(10_005):
             up.submit_early_nowait(UploadJob(st, i * KiB, KiB))
         assert up.statistics().queued_jobs == 10_000 and up.dropped_early == 5
-        assert uploader.QUEUE_LIMIT == 10_000  # the number the docs give
+        assert LIMITS.upload_queue == 10_000  # the number the docs give
 
     run(main)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from ckptfs.common.config import MountConfig
 from ckptfs.common.errors import ConfigError
-from ckptfs.daemon.config import MountConfig
 from ckptfs.fs.autoprune import Policy, prune_target
 from ckptfs.pipeline.journal import Op
 from ckptfs.tools.retention import PolicyError

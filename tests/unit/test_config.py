@@ -3,14 +3,20 @@ checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+from pathlib import Path
 
 import pytest
 
+from ckptfs.common import config
+from ckptfs.common.config import MountConfig, check_glob, default_cache_dir, trash_seconds
 from ckptfs.common.errors import ConfigError
 from ckptfs.common.units import MAX_DURATION, format_duration, parse_duration, parse_size
-from ckptfs.daemon.config import MountConfig, check_glob, default_cache_dir, trash_seconds
+from ckptfs.format.chunking import DEFAULT_CHUNK_SIZE
+from ckptfs.format.codec import CODECS
+from ckptfs.format.manifests import DEFAULT_MIN_RECORD, StoreInfo
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -97,3 +103,32 @@ def test_check_glob_refuses(pattern: str, why: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(why)) as e:
         check_glob(pattern, "--pattern")
     assert str(e.value).startswith(f"--pattern {pattern!r} ") and "\n" not in str(e.value)
+
+
+def test_a_new_store_gets_what_the_format_falls_back_to() -> None:
+    """The config's defaults for a new store are the format's own defaults (which a
+    ckptfs.json without those fields is read with)."""
+    assert config.NEW_STORE_CHUNK_SIZE == DEFAULT_CHUNK_SIZE
+    assert config.NEW_STORE_MIN_RECORD == DEFAULT_MIN_RECORD
+    assert config.NEW_STORE_CODEC == StoreInfo().codec and set(config.CODECS) == set(CODECS)
+
+
+def test_the_options_table_of_operations_md_is_the_config() -> None:
+    """docs/OPERATIONS.md's option table names every option of MountConfig, with the
+    default MountConfig has; the fixed-limits table every field of Limits with its value."""
+    text = (Path(__file__).parents[2] / "docs" / "OPERATIONS.md").read_text()
+    rows = {}
+    for line in text.split("## Options", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for flag in re.findall(r"`(--[a-z-]+)[^`]*`", cells[0]) if line.startswith("| `") else []:
+            rows[flag] = cells[1].strip("`").removesuffix("` s")
+    by_flag = {f.metadata["flag"]: f for f in config.mount_options()}
+    assert sorted(rows) == sorted(by_flag)
+    for flag, f in by_flag.items():
+        assert rows[flag] == config.shown_default(f), flag
+    limits = {}
+    for line in text.split("### Fixed limits", 1)[1].split("\n#", 1)[0].splitlines():
+        m = re.match(r"\| `(\w+)` \| ([\d,]+) \|", line)
+        if m:
+            limits[m.group(1)] = int(m.group(2).replace(",", ""))
+    assert limits == dataclasses.asdict(config.LIMITS)

@@ -1,0 +1,293 @@
+"""Every limit and default of ckptfs in one place: the mount's options (MountConfig,
+the only source of `ckptfs mount`'s defaults and --help numbers) and the fixed limits
+(LIMITS), each with what it costs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ckptfs.common.errors import ConfigError
+from ckptfs.common.units import MAX_DURATION, format_size, parse_size
+
+#: S3 storage classes for chunk objects: those whose objects can be read at once (the
+#: archive classes GLACIER and DEEP_ARCHIVE need a restore before every read)
+STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING",
+                   "GLACIER_IR", "REDUCED_REDUNDANCY")
+#: what a NEW store gets without --chunk-size, --min-record, --codec (an existing store
+#: keeps what its ckptfs.json says; tests/unit/test_config.py checks these against the
+#: format's own fallbacks)
+NEW_STORE_CHUNK_SIZE = 16 << 20
+NEW_STORE_MIN_RECORD = 256 << 10
+NEW_STORE_CODEC = "zstd4"
+CODECS = ("zstd4", "lz4")
+
+ENDPOINT_HELP = ("endpoint of the store the URL names: an S3-compatible server for s3:// "
+                 "(default $AWS_ENDPOINT_URL, else AWS), an Azure blob endpoint for az:// "
+                 "(Azurite, sovereign clouds; default: the connection string's, else "
+                 "https://ACCOUNT.blob.core.windows.net), a GCS endpoint for gs:// (default "
+                 "$STORAGE_EMULATOR_HOST, else Google)")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The fixed limits: not options (no user has needed to change them), each sized
+    here once with its cost. Concurrency is threads unless it says otherwise."""
+
+    #: the filesystem's `hash` limiter: hashing a file's last chunks at close, and the
+    #: fsync of staging files (CPU: each holds a core while it hashes)
+    hash_threads: int = 2
+    #: manifest, marker and listing calls of the FUSE path in flight at once (the
+    #: `metadata` limiter of the store): latency of a listing of many files
+    metadata_threads: int = 16
+    #: S3 connections kept beyond --upload-threads + --fetch-threads: for the metadata
+    #: calls and the publisher (a file descriptor and a few KiB each)
+    spare_connections: int = 40
+    #: manifest and marker GETs in flight while one directory listing is merged
+    list_concurrency: int = 32
+    #: objects of one directory rename copied at once (publisher)
+    rename_threads: int = 16
+    #: HEADs (and fossil copies) of one manifest's chunks at once, when a publish is
+    #: confirmed (publisher) or a damaged journal is checked against the store (recovery)
+    confirm_threads: int = 16
+    #: chunks uploaded again from a staging file at once during a confirmation (memory:
+    #: up to this many chunks of read buffer)
+    confirm_uploads: int = 4
+    #: trash entries written, restored or emptied at once (ckptfs trash, and deletes
+    #: through the mount)
+    trash_threads: int = 16
+    #: objects deleted at once by gc and prune on stores with no batch delete (Azure,
+    #: GCS); S3 deletes in batches of 1,000 keys instead
+    delete_threads: int = 8
+    #: upload jobs the queue holds (memory: a few hundred bytes each): an early job that
+    #: finds it full is dropped (its chunk is journaled and queued at close instead); a
+    #: published chunk that finds it full waits, in order, until workers take jobs
+    upload_queue: int = 10_000
+
+
+LIMITS = Limits()
+
+
+def option(default: Any, flag: str, help: str, kind: str = "str", metavar: str | None = None,
+           shown: str | None = None, choices: tuple[str, ...] | None = None,
+           short: str | None = None) -> Any:
+    """A MountConfig field that is a `ckptfs mount` option: `flag` (and a `short` one),
+    its `help` ("{}" is replaced by the default as shown_default gives it), and its
+    `kind`: str, size (16G), int, float, flag (true when given) or choice (of `choices`)."""
+    return dataclasses.field(default=default, metadata={
+        "flag": flag, "help": help, "kind": kind, "metavar": metavar, "shown": shown,
+        "choices": choices, "short": short})
+
+
+def shown_default(f: dataclasses.Field[Any]) -> str:
+    """The default of an option field as --help and docs/OPERATIONS.md show it."""
+    if f.metadata["shown"] is not None:
+        return str(f.metadata["shown"])
+    default: Any = f.default
+    if default is None or isinstance(default, bool):
+        return "on" if default else "off"
+    if f.metadata["kind"] == "size":
+        return format_size(default)
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def mount_options() -> list[dataclasses.Field[Any]]:
+    """The fields of MountConfig that are `ckptfs mount` options, in --help order."""
+    return [f for f in dataclasses.fields(MountConfig) if "flag" in f.metadata]
+
+
+def trash_seconds(hours: float) -> float:
+    """--trash-hours in seconds; ConfigError unless it is 0 (no trash) or more."""
+    if not 0 <= hours < float("inf"):
+        raise ConfigError(f"--trash-hours must be 0 (no trash) or more hours, not {hours:g}")
+    if hours * 3600.0 > MAX_DURATION:
+        raise ConfigError(f"--trash-hours must be at most {MAX_DURATION // 3600} (100 "
+                          f"years), not {hours:g}")
+    return hours * 3600.0
+
+
+def check_glob(pattern: str, option: str) -> str:
+    """`pattern` if it is a shell pattern of one directory name that can match: not
+    empty, no '/', every '[' closed by a ']' (fnmatch would take an unclosed one for a
+    plain character), no empty range such as [z-a]; else ConfigError."""
+    what = f"{option} {pattern!r}"
+    if not pattern or "/" in pattern:
+        raise ConfigError(f"{what} must be a pattern of one directory name (no '/'), e.g. "
+                          f"'checkpoint-*'")
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "[":
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "!":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1  # a ']' first in the set is one of its characters
+            end = pattern.find("]", j)
+            if end < 0:
+                raise ConfigError(f"{what} is not a valid pattern: the '[' at {i + 1} is "
+                                  f"never closed (a literal '[' is written [[])")
+            body = pattern[i + 1:end].lstrip("!")
+            for k in range(1, len(body) - 1):
+                if body[k] == "-" and body[k - 1] > body[k + 1]:
+                    raise ConfigError(f"{what} is not a valid pattern: the range "
+                                      f"{body[k - 1]}-{body[k + 1]} is empty")
+            i = end
+        i += 1
+    return pattern
+
+
+def default_cache_dir(store_url: str) -> str:
+    """A per-user, per-store cache directory: $XDG_CACHE_HOME/ckptfs/<store hash>."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = hashlib.sha256(store_url.encode()).hexdigest()[:16]
+    return os.path.join(base, "ckptfs", digest)
+
+
+@dataclass
+class MountConfig:
+    """Everything `ckptfs mount` needs. Each option: its default, what it does and what
+    it costs (memory, disk, CPU, requests); docs/OPERATIONS.md has the same table, and a
+    test checks it against these fields. Validated once, in __post_init__."""
+
+    store: str
+    mountpoint: str
+    cache_dir: str = option(
+        "", "--cache-dir", "local write-back cache (default: {}); put it on a fast local "
+        "disk", metavar="DIR", shown="~/.cache/ckptfs/<store hash>")
+    #: disk: the staging files and the read cache; dirty data above it blocks writers
+    cache_size: int = option(
+        16 << 30, "--cache-size", "bound of the cache directory; writers wait when this "
+        "much data is not yet uploaded (default {})", kind="size", metavar="SIZE")
+    #: memory: fetched chunks are served from RAM before any goes to the read cache
+    read_memory: int = option(
+        1 << 30, "--read-memory", "fetched chunks are served from this much memory, and only "
+        "those pushed out of it are written to the read cache on disk (default {}; 0: "
+        "every fetched chunk goes to disk)", kind="size", metavar="SIZE")
+    endpoint_url: str | None = option(None, "--endpoint-url", ENDPOINT_HELP, metavar="URL",
+                                      shown="the cloud's own")
+    region: str | None = option(None, "--region", "S3 region (default: {})", metavar="REGION",
+                                shown="the AWS config chain")
+    #: for a NEW store only (None: NEW_STORE_CHUNK_SIZE); memory per upload/fetch thread
+    chunk_size: int | None = option(
+        None, "--chunk-size", "chunk size of a NEW store (default {}): the largest chunk; "
+        "an existing store keeps its own (a warning says so when they differ)", kind="size",
+        metavar="SIZE", shown=format_size(NEW_STORE_CHUNK_SIZE))
+    min_record: int | None = option(
+        None, "--min-record", "for a NEW store: tensors (records) of this size or more get "
+        "chunks of their own, smaller ones share chunks with their neighbours (default {}, "
+        "at most the chunk size); an existing store keeps its own", kind="size",
+        metavar="SIZE", shown=format_size(NEW_STORE_MIN_RECORD))
+    #: CPU: zstd4 takes about a core per 0.5 GB/s encoded
+    codec: str | None = option(
+        None, "--codec", "how a NEW store compresses its chunks: zstd4 (default) stores "
+        "weights 17-33%% smaller at about 0.5 GB/s per core; lz4 costs almost no CPU and "
+        "leaves weights as they are (docs/EFFICIENCY.md); an existing store keeps its own",
+        kind="choice", choices=CODECS, shown=NEW_STORE_CODEC)
+    storage_class: str | None = option(
+        None, "--storage-class", "S3 storage class of chunk objects, e.g. STANDARD_IA or "
+        "INTELLIGENT_TIERING (if not given: {}); manifests stay in the bucket's default class. "
+        "s3:// stores only", metavar="CLASS", shown="the bucket's default")
+    #: store: deleted versions' chunks stay this much longer before gc can free them
+    trash_hours: float = option(
+        24.0, "--trash-hours", "deleted files (unlink, rm -rf, a rename over a file) stay in "
+        "the store's trash for H hours, restorable from any node with ckptfs trash restore; "
+        "0 deletes at once (default {})", kind="float", metavar="H")
+    #: memory: a chunk of read buffer each, plus its compressed output (docs/OPERATIONS.md)
+    upload_threads: int = option(8, "--upload-threads", "parallel uploads (default {})",
+                                 kind="int", metavar="N")
+    #: None: by cores and codec (uploader.py); CPU and memory bus during a save
+    uploads_while_writing: int | None = option(
+        None, "--uploads-while-writing", "uploads that may run while a save streams in; the "
+        "rest wait until it pauses (default: {})", kind="int", metavar="N",
+        shown="the cores beyond two, at least 2 (at least 1 on a zstd4 store: its encode "
+        "takes a core)")
+    #: memory: about a chunk each in flight, besides --read-memory
+    fetch_threads: int = option(8, "--fetch-threads", "parallel GETs (default {})",
+                                kind="int", metavar="N")
+    #: memory: a reader's prefetched, unread chunks (at most --cache-size / 4)
+    prefetch_window: int = 256 << 20
+    #: requests: one LIST per directory and one GET per opened file per TTL
+    metadata_ttl: float = option(
+        1.0, "--metadata-ttl", "seconds a listing or manifest is trusted before re-reading "
+        "(default {})", kind="float", metavar="S")
+    publish_timeout: float = 10.0  # seconds a close waits for its publish before returning
+    missing_chunk_timeout: float = option(
+        60.0, "--missing-chunk-timeout", "seconds a read waits for a chunk another node is "
+        "still uploading (default {})", kind="float", metavar="S")
+    fsync_to_store: bool = option(False, "--fsync-to-store", "make fsync() wait until the "
+                                  "file is in the object store", kind="flag")
+    allow_other: bool = option(False, "--allow-other", "let other users access it",
+                               kind="flag")
+    node_id: str = option("", "--node-id", "name of this node in manifests (default: {})",
+                          metavar="NAME", shown="hostname")
+    # auto-prune (autoprune.py): off unless keep_last is set; the policy of `ckptfs prune`
+    keep_last: int | None = option(
+        None, "--keep-last", "auto-prune: after this mount writes into a checkpoint directory "
+        "(one whose name matches --keep-pattern), remove the older ones beside it as `ckptfs "
+        "prune --keep-last N` does: keep the newest N, and always the newest complete one "
+        "and all newer. Give it on ONE node of a job, e.g. where NODE_RANK is 0. Needs "
+        "--keep-pattern", kind="int", metavar="N")
+    keep_every: int | None = option(
+        None, "--keep-every", "auto-prune: also keep every checkpoint whose step, the last "
+        "number in its name, is a multiple of K", kind="int", metavar="K")
+    keep_pattern: str | None = option(
+        None, "--keep-pattern", "auto-prune: shell pattern of checkpoint directory names, "
+        "e.g. 'checkpoint-*', 'global_step*', 'step-*' (required with --keep-last)",
+        metavar="GLOB")
+    foreground: bool = option(False, "--foreground", "do not daemonize; log to stderr",
+                              kind="flag", short="-f")
+    debug: bool = option(False, "--debug", "debug logging", kind="flag")
+
+    @classmethod
+    def from_options(cls, store: str, mountpoint: str, given: dict[str, Any]) -> MountConfig:
+        """A config from option values as typed (sizes as text such as '16G'): `given`
+        maps field names to values; None or a missing name is the default."""
+        values: dict[str, Any] = {}
+        for f in mount_options():
+            value = given.get(f.name)
+            if value is not None:
+                kind = f.metadata["kind"]
+                if kind == "size" and isinstance(value, str):
+                    value = parse_size(value, f.metadata["flag"])
+                values[f.name] = value
+        return cls(store=store, mountpoint=mountpoint, **values)
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            self.node_id = socket.gethostname()
+        for name in ("upload_threads", "fetch_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
+            raise ConfigError("--uploads-while-writing must be at least 0")
+        trash_seconds(self.trash_hours)
+        self._check_keep()
+        if self.storage_class is not None:
+            self.storage_class = self.storage_class.upper()
+            if self.storage_class not in STORAGE_CLASSES:
+                archive = self.storage_class in ("GLACIER", "DEEP_ARCHIVE")
+                why = (" (an archive class: its objects cannot be read without a restore)"
+                       if archive else "")
+                raise ConfigError(f"--storage-class {self.storage_class} is not usable for "
+                                  f"chunks{why}; use one of {', '.join(STORAGE_CLASSES)}")
+
+    def _check_keep(self) -> None:
+        """The auto-prune options go together; the numbers themselves are checked by
+        retention.check_policy (cli, autoprune)."""
+        if self.keep_last is None:
+            given = [o for o, v in (("--keep-every", self.keep_every),
+                                    ("--keep-pattern", self.keep_pattern)) if v is not None]
+            if given:
+                verb = "need" if len(given) > 1 else "needs"
+                raise ConfigError(f"{' and '.join(given)} {verb} --keep-last N (the mount "
+                                  f"prunes only with a --keep-last policy)")
+            return
+        if self.keep_pattern is None:
+            raise ConfigError("--keep-last needs --keep-pattern GLOB on a mount, the names of "
+                              "the checkpoint directories (e.g. 'checkpoint-*'): without it, "
+                              "any directory written into would be pruned")
+        check_glob(self.keep_pattern, "--keep-pattern")
