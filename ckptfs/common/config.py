@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,37 @@ def shown_default(f: dataclasses.Field[Any]) -> str:
     if f.metadata["kind"] == "size":
         return format_size(default)
     return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def env_name(f: dataclasses.Field[Any]) -> str:
+    """The environment variable of an option: --cache-size is CKPTFS_CACHE_SIZE."""
+    return "CKPTFS_" + f.name.upper()
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_option(f: dataclasses.Field[Any], text: str, source: str) -> Any:
+    """The value of option field `f` written as `text` (in an environment variable or
+    a mount -o option named `source`); ConfigError, naming `source`, if it is not one."""
+    kind = f.metadata["kind"]
+    if kind == "size":
+        return parse_size(text, source)
+    if kind == "flag":
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise ConfigError(f"invalid value {text!r} for {source}: want 1 or 0 (or yes/no, "
+                          f"true/false, on/off)")
+    if kind == "choice" and text not in f.metadata["choices"]:
+        raise ConfigError(f"invalid value {text!r} for {source}: want one of "
+                          f"{', '.join(f.metadata['choices'])}")
+    if kind in ("int", "float"):
+        try:
+            return int(text) if kind == "int" else float(text)
+        except ValueError:
+            want = "a whole number" if kind == "int" else "a number"
+            raise ConfigError(f"invalid value {text!r} for {source}: want {want}") from None
+    return text
 
 
 def mount_options() -> list[dataclasses.Field[Any]]:
@@ -243,16 +275,22 @@ class MountConfig:
     debug: bool = option(False, "--debug", "debug logging", kind="flag")
 
     @classmethod
-    def from_options(cls, store: str, mountpoint: str, given: dict[str, Any]) -> MountConfig:
-        """A config from option values as typed (sizes as text such as '16G'): `given`
-        maps field names to values; None or a missing name is the default."""
+    def from_options(cls, store: str, mountpoint: str, given: dict[str, Any],
+                     environ: Mapping[str, str] = os.environ) -> MountConfig:
+        """A config from option values as the command line gives them: `given` maps field
+        names to values (sizes may be text such as '16G'). An option not given (None, or
+        False for a flag) comes from its environment variable (env_name) if that is set,
+        else it keeps its default."""
         values: dict[str, Any] = {}
         for f in mount_options():
             value = given.get(f.name)
+            if value is None or value is False:
+                text = environ.get(env_name(f), "")
+                if text:
+                    value = parse_option(f, text, env_name(f))
+            elif f.metadata["kind"] == "size" and isinstance(value, str):
+                value = parse_size(value, f.metadata["flag"])
             if value is not None:
-                kind = f.metadata["kind"]
-                if kind == "size" and isinstance(value, str):
-                    value = parse_size(value, f.metadata["flag"])
                 values[f.name] = value
         return cls(store=store, mountpoint=mountpoint, **values)
 

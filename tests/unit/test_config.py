@@ -132,3 +132,32 @@ def test_the_options_table_of_operations_md_is_the_config() -> None:
         if m:
             limits[m.group(1)] = int(m.group(2).replace(",", ""))
     assert limits == dataclasses.asdict(config.LIMITS)
+
+
+def test_options_come_from_the_environment_and_the_command_line_wins() -> None:
+    """Every option has a CKPTFS_ variable (a launcher sets defaults once); a value on
+    the command line wins; an empty variable is unset."""
+    env = {"CKPTFS_CACHE_SIZE": "8G", "CKPTFS_UPLOAD_THREADS": "3",
+           "CKPTFS_FSYNC_TO_STORE": "yes", "CKPTFS_CODEC": "lz4", "CKPTFS_REGION": "",
+           "CKPTFS_METADATA_TTL": "2.5", "CKPTFS_CACHE_DIR": "/nvme/c"}
+    cfg = MountConfig.from_options("s", "/m", {"upload_threads": 5}, env)
+    assert (cfg.cache_size, cfg.upload_threads, cfg.fsync_to_store, cfg.codec) == (
+        8 << 30, 5, True, "lz4")
+    assert (cfg.region, cfg.metadata_ttl, cfg.cache_dir) == (None, 2.5, "/nvme/c")
+    assert MountConfig.from_options("s", "/m", {"cache_size": "1G"}, env).cache_size == 1 << 30
+    assert {config.env_name(f) for f in config.mount_options()} >= set(env)
+
+
+@pytest.mark.parametrize(("name", "value", "want"), [
+    ("CKPTFS_UPLOAD_THREADS", "many", "want a whole number"),
+    ("CKPTFS_FSYNC_TO_STORE", "maybe", "want 1 or 0"),
+    ("CKPTFS_CODEC", "gzip", "want one of zstd4, lz4"),
+    ("CKPTFS_CACHE_SIZE", "lots", "use e.g. 512M"),
+    ("CKPTFS_UPLOAD_THREADS", "0", "--upload-threads must be at least 1")])
+def test_a_bad_environment_value_is_one_line_naming_it(name: str, value: str,
+                                                        want: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(want)) as e:
+        MountConfig.from_options("s", "/m", {}, {name: value})
+    assert "\n" not in str(e.value)
+    if "must be" not in want:
+        assert name in str(e.value)
