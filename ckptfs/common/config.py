@@ -26,6 +26,7 @@ NEW_STORE_CHUNK_SIZE = 16 << 20
 NEW_STORE_MIN_RECORD = 256 << 10
 NEW_STORE_CODEC = "zstd4"
 CODECS = ("zstd4", "lz4")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 ENDPOINT_HELP = ("endpoint of the store the URL names: an S3-compatible server for s3:// "
                  "(default $AWS_ENDPOINT_URL, else AWS), an Azure blob endpoint for az:// "
@@ -68,6 +69,10 @@ class Limits:
     #: finds it full is dropped (its chunk is journaled and queued at close instead); a
     #: published chunk that finds it full waits, in order, until workers take jobs
     upload_queue: int = 10_000
+    #: the daemon's log file is rotated at this size (disk: log_files + 1 such files)
+    log_bytes: int = 16 << 20
+    #: rotated log files kept (ckptfs.log.1 ... .N)
+    log_files: int = 3
 
 
 LIMITS = Limits()
@@ -272,7 +277,18 @@ class MountConfig:
         metavar="GLOB")
     foreground: bool = option(False, "--foreground", "do not daemonize; log to stderr",
                               kind="flag", short="-f")
-    debug: bool = option(False, "--debug", "debug logging", kind="flag")
+    debug: bool = option(False, "--debug", "debug logging (the same as --log-level debug)",
+                         kind="flag")
+    log_level: str = option("info", "--log-level", "what the daemon logs: debug, info, "
+                            "warning or error (default {})", kind="choice",
+                            choices=LOG_LEVELS)
+    log_file: str = option(
+        "", "--log-file", "the daemon's log (default: {}); rotated at "
+        f"{LIMITS.log_bytes >> 20} MiB, {LIMITS.log_files} old files kept",
+        metavar="PATH", shown="CACHE_DIR/ckptfs.log")
+    log_format: str = option("text", "--log-format", "text lines, or json: one object per "
+                             "line for log collectors (default {})", kind="choice",
+                             choices=("text", "json"))
 
     @classmethod
     def from_options(cls, store: str, mountpoint: str, given: dict[str, Any],

@@ -128,7 +128,7 @@ def test_the_options_table_of_operations_md_is_the_config() -> None:
         assert rows[flag] == config.shown_default(f), flag
     limits = {}
     for line in text.split("### Fixed limits", 1)[1].split("\n#", 1)[0].splitlines():
-        m = re.match(r"\| `(\w+)` \| ([\d,]+) \|", line)
+        m = re.match(r"\| `(\w+)` \| ([\d,]+)[ |]", line)
         if m:
             limits[m.group(1)] = int(m.group(2).replace(",", ""))
     assert limits == dataclasses.asdict(config.LIMITS)
