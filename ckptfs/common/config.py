@@ -132,6 +132,40 @@ def parse_option(f: dataclasses.Field[Any], text: str, source: str) -> Any:
     return text
 
 
+#: options mount(8) and mount.fuse3 pass on, or that an fstab line may carry, that mean
+#: nothing more to ckptfs (it always mounts nodev, nosuid is the kernel's default for FUSE)
+GENERIC_MOUNT_OPTIONS = frozenset({
+    "rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime",
+    "relatime", "strictatime", "nodiratime", "async", "auto", "noauto", "defaults",
+    "_netdev", "nofail", "user", "users", "nouser"})
+
+
+def parse_mount_options(text: str) -> dict[str, Any]:
+    """The options of `mount -t fuse.ckptfs ... -o TEXT` (an fstab line's fourth field):
+    a comma-separated list of OPTION=VALUE and flags, named as the command-line options
+    without their dashes (cache_dir=/nvme/ckptfs, cache-size=200G, fsync_to_store);
+    the generic mount options are ignored. Field name -> value; ConfigError, one line,
+    for anything else."""
+    fields = {f.name: f for f in mount_options()}
+    given: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if key in GENERIC_MOUNT_OPTIONS and not eq:
+            continue
+        if key == "ro":
+            raise ConfigError("-o ro: a ckptfs mount is always read-write")
+        f = fields.get(key.replace("-", "_"))
+        if f is None:
+            raise ConfigError(f"unknown mount option -o {key} (the options of `ckptfs mount "
+                              f"--help`, without their dashes, e.g. cache_dir=DIR)")
+        if f.metadata["kind"] == "flag" and not eq:
+            value = "1"
+        elif not value:
+            raise ConfigError(f"mount option -o {key} needs a value: {key}=...")
+        given[f.name] = parse_option(f, value, f"-o {key}")
+    return given
+
+
 def mount_options() -> list[dataclasses.Field[Any]]:
     """The fields of MountConfig that are `ckptfs mount` options, in --help order."""
     return [f for f in dataclasses.fields(MountConfig) if "flag" in f.metadata]

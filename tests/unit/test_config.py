@@ -161,3 +161,22 @@ def test_a_bad_environment_value_is_one_line_naming_it(name: str, value: str,
     assert "\n" not in str(e.value)
     if "must be" not in want:
         assert name in str(e.value)
+
+
+def test_fstab_options_are_the_mount_options_without_dashes() -> None:
+    given = config.parse_mount_options(
+        "rw,cache_dir=/nvme/c,cache-size=2G,fsync_to_store,_netdev,nofail,dev,suid,"
+        "endpoint_url=http://127.0.0.1:8333,allow_other")
+    assert given == {"cache_dir": "/nvme/c", "cache_size": 2 << 30, "fsync_to_store": True,
+                     "endpoint_url": "http://127.0.0.1:8333", "allow_other": True}
+    cfg = MountConfig.from_options("s3://b/r", "/m", given, {"CKPTFS_CACHE_SIZE": "9G"})
+    assert cfg.cache_size == 2 << 30 and cfg.cache_dir == "/nvme/c"
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("cache_dirr=/x", "unknown mount option -o cache_dirr"),
+    ("cache_size=", "needs a value"), ("ro", "always read-write"),
+    ("upload_threads=lots", "-o upload_threads: want a whole number")])
+def test_bad_fstab_options_are_one_line(text: str, want: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(want)):
+        config.parse_mount_options(text)
