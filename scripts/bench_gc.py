@@ -27,7 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from ckptfs.cli import human  # noqa: E402
+from ckptfs.cli.output import human  # noqa: E402
 from ckptfs.store.local import LocalStore  # noqa: E402
 from ckptfs.tools import inspection  # noqa: E402
 

@@ -7,16 +7,6 @@ class CkptfsError(Exception):
     """Base of every error ckptfs raises on purpose."""
 
 
-class CliError(Exception):
-    """A command-line failure to report as one line and a non-zero exit (here, not in
-    cli.py, so that it is one class when cli.py also runs as __main__)."""
-
-
-class UsageError(CliError):
-    """Bad input on the command line, refused before anything starts: exit status 2 from
-    every command (mount included)."""
-
-
 class ConfigError(CkptfsError):
     """Bad user input: an option value, a store URL, a mount point."""
 

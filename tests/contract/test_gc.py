@@ -35,7 +35,7 @@ from pipeline_helpers import staged
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until_async
 
-from ckptfs.cli import human
+from ckptfs.cli.output import human
 from ckptfs.common.errors import NotFoundError
 from ckptfs.format import manifests
 from ckptfs.format.codec import chunk_hash, encode_chunk
@@ -610,7 +610,8 @@ def test_a_directory_rename_in_flight_during_the_listing(
 # ---------------------------------------------------------------------------- the CLI
 def test_progress_on_a_terminal_and_in_a_log(local: StoreUnderTest) -> None:
     """A bar on a terminal (stderr), lines every 5 s otherwise: a run shorter than that
-    prints none (the summary test above); on a pseudo-terminal the bar is drawn."""
+    prints none (the summary test above); on a pseudo-terminal rich draws the steps in
+    place (the cursor hidden meanwhile), the mark with its bar, then the summary."""
     checkpoint(local.store, "step-1")
 
     pid, fd = pty.fork()
@@ -630,4 +631,9 @@ def test_progress_on_a_terminal_and_in_a_log(local: StoreUnderTest) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, out
     text = out.decode()
-    assert "\rgc references: " in text and "done         freed" in text, text
+    assert "gc references: " in text and "done         freed" in text, text
+    drawn = text[text.index("\x1b[?25l"):text.index("\x1b[?25h")]  # rich's live rows
+    assert "gc references: " in drawn and "gc mark" in drawn and "━" in drawn, text
+    assert "%" in drawn and "chunks (" in drawn and "set aside" in drawn, text
+    assert "[#" not in text, text  # not the plain bar of a log
+    assert text.index("\x1b[?25h") < text.index("done         freed"), text

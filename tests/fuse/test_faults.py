@@ -521,7 +521,7 @@ def test_permanent_store_error_keeps_the_data_in_the_cache(
     log = (a.cache / "ckptfs.log").read_text()
     assert "flush interrupted" in log and "NoSuchBucket" in log
     assert_no_secret(status_json, status_text, r.stdout, r.stderr, log)
-    from ckptfs.cli import journal_counts
+    from ckptfs.cli.umount import journal_counts
 
     chunks, ops = journal_counts(str(a.cache))
     assert chunks >= 6 and ops >= 2  # everything closed is still journaled in the cache
@@ -1013,7 +1013,7 @@ def try_call(fn: Callable[[], object]) -> object:
 
 def cli_error(fn: Callable[[], object]) -> object:
     """The message of the CliError that `fn` raises (or what it returned)."""
-    from ckptfs.common.errors import CliError
+    from ckptfs.cli.errors import CliError
 
     try:
         return ["returned", fn()]
@@ -1057,7 +1057,7 @@ def test_cache_control_socket_and_mount_are_private(
         open_dir: Path, local_store_dir: Path, nodes: Nodes) -> None:
     """Cache dir 0700 and its files 0600; another user can neither read the cache, nor use
     the control socket, nor enter the mount (default_permissions, no allow_other)."""
-    from ckptfs import cli
+    from ckptfs.cli import control
 
     a = nodes.mount(str(local_store_dir), open_dir, "a")
     (a / "weights.bin").write_bytes(b"secret weights" * 1000)
@@ -1097,8 +1097,8 @@ def test_cache_control_socket_and_mount_are_private(
     os.chmod(sock, 0o666)
     try:
         seen = as_nobody(lambda: try_call(lambda: ask_socket(str(sock))))
-        said = as_nobody(lambda: cli_error(lambda: next(cli.request(str(a.path), "status",
-                                                                    str(sock)))))
+        said = as_nobody(lambda: cli_error(lambda: next(control.request(str(a.path), "status",
+                                                                        str(sock)))))
     finally:
         os.chmod(sock, 0o600)
         os.chmod(a.cache, 0o700)

@@ -11,7 +11,7 @@ from pathlib import Path
 from mounting import Nodes, run_cli
 from support import random_bytes
 
-from ckptfs.cli import human
+from ckptfs.cli.output import human
 from ckptfs.store.local import LocalStore
 from ckptfs.tools import gc, inspection, trash
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptfs.cli import state_line
+from ckptfs.cli.status import state_line
 
 CHECK = ("the journal lost committed state (frame 0 of its write-ahead log is damaged): "
          "checking the files this node wrote against the store; not durable until that "
