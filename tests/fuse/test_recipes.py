@@ -33,6 +33,7 @@ def test_slurm_prolog_job_epilog(tmp_path: Path, nodes: Nodes) -> None:
     the node finds it mounted); the job saves; the epilog exits 0 once the checkpoint
     is in the store, and unmounts."""
     store = str(tmp_path / "store")
+    os.mkdir(store)
     m = Mount(store, tmp_path, "node1")
     nodes.append(m)
     env = slurm_env(store, m, CKPTFS_CACHE_SIZE="1G")
