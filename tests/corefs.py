@@ -12,8 +12,9 @@ import trio
 
 from ckptfs.common.config import LIMITS
 from ckptfs.daemon.mount import create_store, read_store_info
-from ckptfs.fs.filesystem import CheckpointFS, Options
+from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.namespace import FileNode
+from ckptfs.fs.options import Options
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.journal import Journal

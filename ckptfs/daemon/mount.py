@@ -51,7 +51,8 @@ from ckptfs.format import manifests
 from ckptfs.format.chunking import check_chunk_size
 from ckptfs.format.manifests import StoreInfo
 from ckptfs.fs.autoprune import AutoPruner, Policy
-from ckptfs.fs.filesystem import CheckpointFS, Options
+from ckptfs.fs.filesystem import CheckpointFS
+from ckptfs.fs.options import Options
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.journal import Journal

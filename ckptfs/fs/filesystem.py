@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import trio
 
-from ckptfs.common.config import LIMITS, MountConfig
+from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import (
     CorruptChunkError,
@@ -46,6 +46,7 @@ from ckptfs.format.manifests import DirMarker, Manifest, StoreInfo
 from ckptfs.fs import names
 from ckptfs.fs.listing import Lister
 from ckptfs.fs.namespace import DirNode, FileNode, InodeTable, Node, NodeT
+from ckptfs.fs.options import Options
 from ckptfs.fs.reporting import Reporting
 from ckptfs.fs.writebuffer import NewCutter, WriteBuffer
 from ckptfs.pipeline.cache import LocalCache
@@ -59,34 +60,11 @@ from ckptfs.store.base import AsyncStore
 log = logging.getLogger(__name__)
 
 
-
 def describe_error(e: BaseException) -> str:
     """One line for a failure of a local operation (no traceback)."""
     if isinstance(e, JournalFull) or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
         return "the cache disk is full"
     return f"{type(e).__name__}: {e}"
-
-
-@dataclass
-class Options:
-    """The filesystem core's part of the MountConfig (its defaults are MountConfig's,
-    documented there; the daemon builds them with `of`)."""
-
-    metadata_ttl: float = MountConfig.metadata_ttl
-    publish_timeout: float = MountConfig.publish_timeout
-    prefetch_window: int = MountConfig.prefetch_window  # bytes ahead of each reader (0: none)
-    fsync_to_store: bool = MountConfig.fsync_to_store
-    writer_id: str = ""
-    control_socket: str = ""
-
-    @classmethod
-    def of(cls, cfg: MountConfig, control_socket: str) -> Options:
-        """The options of a mount of `cfg`: its prefetch window at most a quarter of the
-        cache, so that prefetched chunks cannot crowd out the dirty data."""
-        return cls(metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
-                   prefetch_window=min(cfg.prefetch_window, cfg.cache_size // 4),
-                   fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
-                   control_socket=control_socket)
 
 
 @dataclass(eq=False)

@@ -14,14 +14,12 @@ import trio
 from ckptfs.common.errors import NoAttribute, NotSupported
 from ckptfs.fs.names import NAME_MAX
 from ckptfs.fs.namespace import ROOT_INODE, FileNode, InodeTable, Node
+from ckptfs.fs.options import Options
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.publisher import Publisher
 from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.pipeline.uploader import Uploader
-
-if TYPE_CHECKING:  # a mixin of CheckpointFS, whose module imports this one
-    from ckptfs.fs.filesystem import Options
 
 STATE_XATTR = "user.ckptfs.state"
 CONTROL_XATTR = "user.ckptfs.control"

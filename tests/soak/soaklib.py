@@ -25,8 +25,9 @@ from ckptfs.common.errors import CkptfsError, TransientStoreError
 from ckptfs.daemon.mount import create_store, read_store_info
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest
-from ckptfs.fs.filesystem import CheckpointFS, Options
+from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.namespace import DirNode, FileNode
+from ckptfs.fs.options import Options
 from ckptfs.pipeline import publisher
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
