@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from ckptfs.cli.control import request, sync
+from ckptfs.cli.errors import UsageError
 from ckptfs.cli.output import human
 from ckptfs.cli.target import mount_of
 
@@ -63,9 +65,95 @@ def state_line(st: dict[str, Any]) -> str:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    st = next(request(mount_of(a.mountpoint), "status"))
+    mountpoint = mount_of(a.mountpoint)
+    if a.watch:
+        if not a.interval > 0:
+            raise UsageError(f"--interval must be more than 0 seconds, not {a.interval:g}")
+        return watch(mountpoint, sys.stdout, a.interval, a.json)
+    st = next(request(mountpoint, "status"))
     print(json.dumps(st, indent=1) if a.json else format_status(st))
     return 0
+
+
+def watch(mountpoint: str, out: TextIO, interval: float, as_json: bool = False) -> int:
+    """`status --watch`: the status again every `interval` seconds until Ctrl-C (exit 0),
+    drawn in place by rich on a terminal, else one line per sample (watch_line, or the
+    JSON object with `as_json`)."""
+    rates = FileRates()
+    try:
+        if as_json or not out.isatty():
+            while True:
+                st = next(request(mountpoint, "status"))
+                out.write((json.dumps(st) if as_json else watch_line(st)) + "\n")
+                out.flush()
+                time.sleep(interval)
+        from rich.console import Console  # on a terminal only: rich costs ~40 ms to import
+        from rich.live import Live
+
+        with Live(console=Console(file=out), auto_refresh=False) as live:
+            while True:
+                st = next(request(mountpoint, "status"))
+                live.update(watch_view(st, rates.update(st)), refresh=True)
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+class FileRates:
+    """Per-file upload rates from two samples of the files in flight, bytes/s."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[float, int]] = {}
+
+    def update(self, st: dict[str, Any]) -> dict[str, float]:
+        now, rates, seen = time.monotonic(), {}, {}
+        for f in st.get("files") or ():
+            path, left = f["path"], int(f["left_bytes"])
+            before = self.last.get(path)
+            if before is not None and now > before[0]:
+                rates[path] = max(0.0, (before[1] - left) / (now - before[0]))
+            seen[path] = (now, left)
+        self.last = seen
+        return rates
+
+
+def watch_line(st: dict[str, Any]) -> str:
+    """One sample as a plain line: time, what is left, the rate, the busiest file."""
+    eta = st["eta_seconds"]
+    files = st.get("files") or []
+    busiest = (f"   {files[0]['path']} {human(files[0]['left_bytes'])} left"
+               if files else "")
+    return (f"{time.strftime('%H:%M:%S')} dirty {human(st['dirty_bytes'])}   uploading "
+            f"{human(st['uploading_bytes'])}   rate {human(st['upload_rate'])}/s   ETA "
+            f"{'-' if eta is None else f'{eta:.0f} s'}   uploaded "
+            f"{human(st['uploaded_bytes'])}   cache {human(st['cache_bytes'])} of "
+            f"{human(st['cache_limit'])}   {'durable' if st['durable'] else 'not durable'}"
+            f"{busiest}" + "".join(f"   error: {e}" for e in st["errors"]))
+
+
+def watch_view(st: dict[str, Any], rates: dict[str, float]) -> Any:
+    """One sample for rich: the status lines, then a row per file still being saved
+    with how much of it is in the store, its rate and ETA."""
+    from rich.console import Group  # imported by watch() already
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    files = Table("file", "state", "size", "in the store", "", "rate", "ETA",
+                  title="files being saved", title_justify="left", expand=False)
+    for f in st.get("files") or ():
+        size, left = int(f["size"]), int(f["left_bytes"])
+        done = 1.0 - left / size if size else 1.0
+        rate = rates.get(f["path"])
+        eta = f"{left / rate:.0f} s" if rate else "-"
+        files.add_row(Text(f["path"]), f["state"], human(size),
+                      ProgressBar(total=1.0, completed=done, width=20), f"{done:.0%}",
+                      f"{human(rate)}/s" if rate is not None else "-", eta)
+    parts: list[Any] = [Text(format_status(st))]
+    if st.get("files"):
+        parts.append(files)
+    parts.append(Text("Ctrl-C to stop", style="dim"))
+    return Group(*parts)
 
 
 def cmd_sync(a: argparse.Namespace) -> int:
@@ -79,7 +167,13 @@ def add_status_parsers(sub: Any) -> None:
     s = sub.add_parser("status", help="upload state of a mount")
     s.add_argument("mountpoint", metavar="MOUNTPOINT",
                    help="the mount point, or any path inside the mount")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--json", action="store_true", help="machine-readable output (with "
+                   "--watch: one JSON object per line)")
+    s.add_argument("--watch", action="store_true", help="show it again every second (live "
+                   "on a terminal, with each file being saved; one line per second "
+                   "otherwise) until Ctrl-C")
+    s.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="seconds between two samples of --watch (default 1)")
     s.set_defaults(func=cmd_status)
 
     y = sub.add_parser("sync", help="wait until everything closed so far is in the store")

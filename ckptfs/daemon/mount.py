@@ -403,7 +403,8 @@ class Daemon:
                   endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
                   cache_dir=cfg.cache_dir, version=__version__,
                   uptime=round(time.time() - self.started, 1),
-                  autoprune=autoprune.statistics() if autoprune is not None else None)
+                  autoprune=autoprune.statistics() if autoprune is not None else None,
+                  files=fs.files_in_flight())
         return st
 
     def close(self) -> None:

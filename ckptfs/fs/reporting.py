@@ -108,6 +108,26 @@ class Reporting:
                 "bavail": disk.f_bavail, "files": 1 << 32, "ffree": 1 << 32,
                 "namemax": NAME_MAX}
 
+    def files_in_flight(self, limit: int = 20) -> list[dict[str, object]]:
+        """The files this mount is still saving, for `status --watch`: those open with
+        written data and those closed whose chunks are still uploading, largest first, at
+        most `limit`; `left_bytes`: how much of each is not in the store yet."""
+        pending = self.uploader.pending_hashes()
+        out: list[dict[str, object]] = []
+        for n in self.table.nodes.values():
+            if not isinstance(n, FileNode) or n.removed:
+                continue
+            if n.buffer is not None:
+                out.append({"path": n.path, "state": "open", "size": n.current_size,
+                            "left_bytes": sum(n.buffer.staging.dirty.values())})
+            elif pending and n.manifest is not None and not n.manifest.is_symlink:
+                left = sum(size for h, size in n.manifest.chunks if h in pending)
+                if left:
+                    out.append({"path": n.path, "state": "pending", "size": n.size,
+                                "left_bytes": left})
+        out.sort(key=lambda f: -int(str(f["size"])))
+        return out[:limit]
+
     def open_buffers(self) -> int:
         """Files with written data not yet published (open, or failed to publish)."""
         return len(self.table.open_buffers())

@@ -1,0 +1,87 @@
+"""`ckptfs status --watch`: live in a pseudo-terminal during a save, one line per sample
+through a pipe, and a clean exit on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from mounting import CKPTFS, Nodes
+
+PIECE = 1 << 20
+
+
+def slow_save(path: Path, pieces: int, stop: threading.Event) -> None:
+    """Write `pieces` MiB into `path`, a piece every 50 ms, and keep it open until `stop`."""
+    with open(path, "wb") as f:
+        for _ in range(pieces):
+            f.write(os.urandom(PIECE))
+            f.flush()
+            time.sleep(0.05)
+        stop.wait(30)
+
+
+def read_for(fd: int, seconds: float) -> str:
+    out = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                break
+    return out.decode(errors="replace")
+
+
+def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    a = nodes.mount(str(store), tmp_path, "a", "--chunk-size", "1M")
+    stop = threading.Event()
+    writer = threading.Thread(target=slow_save, args=(a / "step-7.pt", 80, stop))
+    writer.start()
+    master, slave = pty.openpty()
+    watcher = subprocess.Popen([*CKPTFS, "status", str(a.path), "--watch", "--interval",
+                                "0.3"], stdin=slave, stdout=slave, stderr=slave,
+                               env={**os.environ, "COLUMNS": "160", "TERM": "xterm"})
+    os.close(slave)
+    try:
+        text = read_for(master, 4.0)
+        watcher.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        assert watcher.wait(10) == 0
+        text += read_for(master, 0.5)
+    finally:
+        stop.set()
+        writer.join()
+        if watcher.poll() is None:
+            watcher.kill()
+        os.close(master)
+    assert "step-7.pt" in text and "files being saved" in text, text[-3000:]
+    uploaded = set(re.findall(r"uploaded\s+(\d+(?:\.\d+)? \w+)", text))
+    assert len(uploaded) >= 2, uploaded  # the upload figure changed while it watched
+    assert "Traceback" not in text and "Ctrl-C to stop" in text
+
+
+def test_watch_through_a_pipe_prints_a_line_per_sample(tmp_path: Path, nodes: Nodes) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    a = nodes.mount(str(store), tmp_path, "a")
+    (a / "x.pt").write_bytes(b"x" * 1000)
+    watcher = subprocess.Popen([*CKPTFS, "status", str(a.path), "--watch", "--interval",
+                                "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    time.sleep(1.5)
+    watcher.send_signal(signal.SIGINT)
+    out, err = watcher.communicate(timeout=10)
+    assert watcher.returncode == 0 and err == ""
+    lines = out.splitlines()
+    assert len(lines) >= 3 and all(" rate " in line and "\x1b" not in line for line in lines)
+    assert any("   durable" in line for line in lines)  # x.pt reached the store
