@@ -350,6 +350,12 @@ class MountConfig:
         for name in ("upload_threads", "fetch_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        for f in mount_options():
+            value = getattr(self, f.name)
+            if f.metadata["kind"] == "choice" and value is not None and (
+                    value not in f.metadata["choices"]):
+                raise ConfigError(f"{f.metadata['flag']} {value}: want one of "
+                                  f"{', '.join(f.metadata['choices'])}")
         if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
             raise ConfigError("--uploads-while-writing must be at least 0")
         trash_seconds(self.trash_hours)

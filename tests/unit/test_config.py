@@ -180,3 +180,8 @@ def test_fstab_options_are_the_mount_options_without_dashes() -> None:
 def test_bad_fstab_options_are_one_line(text: str, want: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(want)):
         config.parse_mount_options(text)
+
+
+def test_a_choice_is_checked_however_the_config_is_made() -> None:
+    with pytest.raises(ConfigError, match="--log-format yaml: want one of text, json"):
+        MountConfig(store="s", mountpoint="/m", log_format="yaml")
