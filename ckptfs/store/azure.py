@@ -90,10 +90,9 @@ class AzureStore(PrefixedStore):
     """Blobs under `prefix` in one container; one shared, thread-safe ContainerClient."""
 
     service = "Azure"
+    scheme = "az"
     object_noun = "blob"
-    #: the longest blob name Azure allows, the store's prefix included
-    max_key_length = 1024
-    key_unit = "characters"
+    key_unit = "characters"  # of the longest blob name Azure allows (max_key_length)
 
     def __init__(
         self,
@@ -104,10 +103,10 @@ class AzureStore(PrefixedStore):
         connect_timeout: float = 5,
         read_timeout: float = 60,
     ) -> None:
-        self.container = container
+        self.container = self.space = container
         self.prefix = normal_prefix(prefix)
         account_url, credential = _credential(endpoint_url)
-        self.endpoint = account_url
+        self.endpoint = self.url_endpoint = account_url
         session = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_connections=1,
                                                 pool_maxsize=max_pool_connections)
@@ -125,12 +124,6 @@ class AzureStore(PrefixedStore):
         self._client: ContainerClient = service.get_container_client(container)
         self._service = service
         self.url = self._url()
-
-    def _url(self) -> str:
-        return f"az://{self.container}/{self.prefix} at {self.endpoint}"
-
-    def _where(self, key: str) -> str:
-        return f"az://{self.container}/{self.prefix}{key} at {self.endpoint}"
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:

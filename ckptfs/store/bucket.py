@@ -47,23 +47,22 @@ class PrefixedStore(Store):
     does alike around its own requests (which a subclass makes: _errors and the hooks)."""
 
     prefix: str = ""
+    #: the scheme of the store's URLs ("s3")
+    scheme: str = ""
+    #: the bucket or container
+    space: str = ""
     #: where the service's answers come from (for messages)
     endpoint: str = ""
+    #: the endpoint the store's url names (None: the cloud's own, named by no url)
+    url_endpoint: str | None = None
     #: the service's name in messages ("S3")
     service: str = ""
     #: what the service calls an object, in messages
     object_noun: str = "object"
-    #: the longest key the service allows, the prefix included, in key_unit
+    #: the longest key the service allows, the prefix included, in key_unit (S3 and GCS:
+    #: 1024 bytes of UTF-8; Azure: 1024 characters)
     max_key_length: int = 1024
     key_unit: Literal["bytes", "characters"] = "bytes"
-
-    @abc.abstractmethod
-    def _url(self) -> str:
-        """The store's url for the current prefix (without credentials)."""
-
-    @abc.abstractmethod
-    def _where(self, key: str) -> str:
-        """Where `key` is, for messages (without credentials)."""
 
     @abc.abstractmethod
     def _errors(self, op: str, key: str) -> AbstractContextManager[None]:
@@ -93,6 +92,15 @@ class PrefixedStore(Store):
 
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
+
+    def _url(self) -> str:
+        """The store's url for the current prefix (without credentials)."""
+        at = f" at {self.url_endpoint}" if self.url_endpoint else ""
+        return f"{self.scheme}://{self.space}/{self.prefix}{at}"
+
+    def _where(self, key: str) -> str:
+        """Where `key` is, for messages (without credentials)."""
+        return f"{self.scheme}://{self.space}/{self.prefix}{key} at {self.endpoint}"
 
     def _message(self, op: str, key: str, detail: str) -> str:
         """An error message of request `op` on `key`: the service, the place, `detail`."""

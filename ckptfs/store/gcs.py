@@ -61,8 +61,7 @@ class GcsStore(PrefixedStore):
     """Objects under `prefix` in one bucket; one shared, thread-safe storage.Client."""
 
     service = "GCS"
-    #: the longest object name GCS allows, in bytes of UTF-8, the store's prefix included
-    max_key_length = 1024
+    scheme = "gs"
 
     def __init__(
         self,
@@ -73,7 +72,7 @@ class GcsStore(PrefixedStore):
         connect_timeout: float = 5,
         read_timeout: float = 60,
     ) -> None:
-        self.bucket_name = bucket
+        self.bucket_name = self.space = bucket
         self.prefix = normal_prefix(prefix)
         endpoint, credentials, project = _credentials(endpoint_url)
         session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
@@ -95,19 +94,12 @@ class GcsStore(PrefixedStore):
             self._client._bucket_metadata_cache = None
         self._bucket = self._client.bucket(bucket)
         self.endpoint: str = endpoint or "https://storage.googleapis.com"
-        self._endpoint_arg = endpoint
+        self.url_endpoint = endpoint
         self._timeout = (connect_timeout, read_timeout)
         self.url = self._url()
 
-    def _url(self) -> str:
-        at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
-        return f"gs://{self.bucket_name}/{self.prefix}{at}"
-
     def _blob(self, key: str) -> Any:
         return self._bucket.blob(self._key(key))
-
-    def _where(self, key: str) -> str:
-        return f"gs://{self.bucket_name}/{self.prefix}{key} at {self.endpoint}"
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:

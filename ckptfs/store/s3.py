@@ -172,8 +172,7 @@ class S3Store(PrefixedStore):
     """Objects under `prefix` in one bucket; one shared, thread-safe boto3 client."""
 
     service = "S3"
-    #: the longest object key S3 allows, in bytes of UTF-8, the store's prefix included
-    max_key_length = 1024
+    scheme = "s3"
 
     def __init__(
         self,
@@ -187,7 +186,7 @@ class S3Store(PrefixedStore):
         storage_class: str | None = None,
         storage_class_prefix: str = "",
     ) -> None:
-        self.bucket = bucket
+        self.bucket = self.space = bucket
         # S3 storage class of the objects under storage_class_prefix (the format's chunks,
         # named by the caller); all other objects get the bucket's default
         self.storage_class = storage_class
@@ -199,19 +198,12 @@ class S3Store(PrefixedStore):
         session = boto3.session.Session(region_name=region)
         self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
         self.endpoint: str = self._client.meta.endpoint_url
-        self._endpoint_arg = endpoint_url
+        self.url_endpoint = endpoint_url
         self._no_batch_delete = False  # set once the server refuses DeleteObjects
         self._bodies = BodyPool()  # at most 8 kept: the default --upload-threads
         #: None until the first put_if_absent finds out (_probe_conditional_put)
         self.atomic_create: bool | None = None  # type: ignore[assignment]
         self.url = self._url()
-
-    def _url(self) -> str:
-        at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
-        return f"s3://{self.bucket}/{self.prefix}{at}"
-
-    def _where(self, key: str) -> str:
-        return f"s3://{self.bucket}/{self.prefix}{key} at {self.endpoint}"
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
