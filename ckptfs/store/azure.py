@@ -24,7 +24,7 @@ from azure.storage.blob import BlobPrefix, BlobServiceClient, ContainerClient, L
 
 from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
 from ckptfs.store.base import ObjectInfo, one_line, root_cause
-from ckptfs.store.bucket import PrefixedStore, normal_prefix, status_class
+from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
 #: error codes of a 404 that is not about the blob: retrying cannot fix these
 PERMANENT_404 = frozenset({"ContainerNotFound", "ContainerBeingDeleted", "AccountIsDisabled"})
@@ -94,24 +94,13 @@ class AzureStore(PrefixedStore):
     object_noun = "blob"
     key_unit = "characters"  # of the longest blob name Azure allows (max_key_length)
 
-    def __init__(
-        self,
-        container: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        max_pool_connections: int = 32,
-        connect_timeout: float = 5,
-        read_timeout: float = 60,
-    ) -> None:
-        self.container = self.space = container
-        self.prefix = normal_prefix(prefix)
+    def _connect(self, endpoint_url: str | None, max_pool_connections: int,
+                 connect_timeout: float, read_timeout: float) -> None:
+        self.container = self.space
         account_url, credential = _credential(endpoint_url)
         self.endpoint = self.url_endpoint = account_url
         session = requests.Session()
-        adapter = requests.adapters.HTTPAdapter(pool_connections=1,
-                                                pool_maxsize=max_pool_connections)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
+        pool_connections(session, max_pool_connections)
         transport = RequestsTransport(session=session, session_owner=True,
                                       connection_timeout=connect_timeout,
                                       read_timeout=read_timeout)
@@ -121,9 +110,8 @@ class AzureStore(PrefixedStore):
         retry = LinearRetry(backoff=seconds, retry_total=1, random_jitter_range=seconds / 2)
         service = BlobServiceClient(account_url, credential=credential, transport=transport,
                                     retry_policy=retry)
-        self._client: ContainerClient = service.get_container_client(container)
+        self._client: ContainerClient = service.get_container_client(self.container)
         self._service = service
-        self.url = self._url()
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
@@ -180,15 +168,8 @@ class AzureStore(PrefixedStore):
     atomic_create = True
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        self.check_length(key)
-        body = bytes(data) if isinstance(data, memoryview) else data
-        with self._errors("put_if_absent", key):
-            try:
-                self._client.upload_blob(self._key(key), body, overwrite=False,
-                                         max_concurrency=1)
-            except ResourceExistsError:
-                return False
-        return True
+        return self._create(key, data, lambda body: self._client.upload_blob(
+            self._key(key), body, overwrite=False, max_concurrency=1), ResourceExistsError)
 
     def get(self, key: str) -> bytes:
         with self._errors("get", key):

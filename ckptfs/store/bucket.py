@@ -7,7 +7,9 @@ import copy
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
+
+import requests
 
 from ckptfs.common.config import LIMITS
 from ckptfs.common.errors import (
@@ -41,6 +43,15 @@ def normal_prefix(prefix: str) -> str:
     return prefix.strip("/") + "/" if prefix.strip("/") else ""
 
 
+def pool_connections(session: requests.Session, most: int, retries: Any = 0) -> None:
+    """Let `session` keep up to `most` connections to its host, over http and https
+    alike (`retries`: the adapter's max_retries, a urllib3 Retry or a count)."""
+    adapter = requests.adapters.HTTPAdapter(pool_connections=1, max_retries=retries,
+                                            pool_maxsize=most)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+
+
 class PrefixedStore(Store):
     """A store whose objects live under a key prefix ('' or ending in '/') of one bucket
     or container: keys with the prefix, the store one level up, and what each such store
@@ -63,6 +74,28 @@ class PrefixedStore(Store):
     #: 1024 bytes of UTF-8; Azure: 1024 characters)
     max_key_length: int = 1024
     key_unit: Literal["bytes", "characters"] = "bytes"
+
+    def __init__(
+        self,
+        space: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        max_pool_connections: int = 32,
+        connect_timeout: float = 5,
+        read_timeout: float = 60,
+    ) -> None:
+        """The store of the objects under `prefix` in bucket or container `space`, through
+        the service at `endpoint_url` (None: the cloud's own), or as its environment says."""
+        self.space = space
+        self.prefix = normal_prefix(prefix)
+        self._connect(endpoint_url, max_pool_connections, connect_timeout, read_timeout)
+        self.url = self._url()
+
+    @abc.abstractmethod
+    def _connect(self, endpoint_url: str | None, max_pool_connections: int,
+                 connect_timeout: float, read_timeout: float) -> None:
+        """Make the client (sets endpoint and url_endpoint), with at most
+        `max_pool_connections` connections and these timeouts (seconds)."""
 
     @abc.abstractmethod
     def _errors(self, op: str, key: str) -> AbstractContextManager[None]:
@@ -122,6 +155,19 @@ class PrefixedStore(Store):
                 return request()
         except NotFoundError:
             return None
+
+    def _create(self, key: str, data: bytes | memoryview,
+                create: Callable[[bytes], object], exists: type[Exception]) -> bool:
+        """put_if_absent() through the service's conditional write: create(body) stores
+        the body only if no object is at `key`, else raises `exists`."""
+        self.check_length(key)
+        body = bytes(data) if isinstance(data, memoryview) else data
+        with self._errors("put_if_absent", key):
+            try:
+                create(body)
+            except exists:
+                return False
+        return True
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0:

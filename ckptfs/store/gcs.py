@@ -20,7 +20,7 @@ from urllib3.util.retry import Retry
 
 from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
 from ckptfs.store.base import ObjectInfo, one_line, root_cause
-from ckptfs.store.bucket import PrefixedStore, normal_prefix, status_class
+from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
 #: where the google-cloud-storage client (and gsutil, gcloud) find an emulator
 EMULATOR_VAR = "STORAGE_EMULATOR_HOST"
@@ -63,17 +63,9 @@ class GcsStore(PrefixedStore):
     service = "GCS"
     scheme = "gs"
 
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        max_pool_connections: int = 32,
-        connect_timeout: float = 5,
-        read_timeout: float = 60,
-    ) -> None:
-        self.bucket_name = self.space = bucket
-        self.prefix = normal_prefix(prefix)
+    def _connect(self, endpoint_url: str | None, max_pool_connections: int,
+                 connect_timeout: float, read_timeout: float) -> None:
+        self.bucket_name = self.space
         endpoint, credentials, project = _credentials(endpoint_url)
         session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
         # 2 attempts in all, as on S3 and Azure: ckptfs retries further with its own
@@ -81,10 +73,7 @@ class GcsStore(PrefixedStore):
         retries = Retry(total=1, connect=1, read=1, status=1, other=0, allowed_methods=None,
                         status_forcelist=RETRY_STATUSES, backoff_factor=0.1,
                         raise_on_status=False)
-        adapter = requests.adapters.HTTPAdapter(pool_connections=1, max_retries=retries,
-                                                pool_maxsize=max_pool_connections)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
+        pool_connections(session, max_pool_connections, retries)
         options = {"api_endpoint": endpoint} if endpoint else None
         self._client = storage.Client(project=project, credentials=credentials, _http=session,
                                       client_options=options)
@@ -92,11 +81,10 @@ class GcsStore(PrefixedStore):
         # in a thread of its own (one more GET per bucket, fired and forgotten): off
         if getattr(self._client, "_bucket_metadata_cache", None) is not None:
             self._client._bucket_metadata_cache = None
-        self._bucket = self._client.bucket(bucket)
+        self._bucket = self._client.bucket(self.bucket_name)
         self.endpoint: str = endpoint or "https://storage.googleapis.com"
         self.url_endpoint = endpoint
         self._timeout = (connect_timeout, read_timeout)
-        self.url = self._url()
 
     def _blob(self, key: str) -> Any:
         return self._bucket.blob(self._key(key))
@@ -158,16 +146,9 @@ class GcsStore(PrefixedStore):
     atomic_create = True
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        self.check_length(key)
-        body = bytes(data) if isinstance(data, memoryview) else data
-        with self._errors("put_if_absent", key):
-            try:
-                self._blob(key).upload_from_string(
-                    body, content_type="application/octet-stream", checksum=None,
-                    retry=None, timeout=self._timeout, if_generation_match=0)
-            except api.PreconditionFailed:
-                return False
-        return True
+        return self._create(key, data, lambda body: self._blob(key).upload_from_string(
+            body, content_type="application/octet-stream", checksum=None, retry=None,
+            timeout=self._timeout, if_generation_match=0), api.PreconditionFailed)
 
     def get(self, key: str) -> bytes:
         with self._errors("get", key):

@@ -36,7 +36,7 @@ from ckptfs.common.errors import (
     TransientStoreError,
 )
 from ckptfs.store.base import ObjectInfo, one_line, restamp_if_slow, root_cause
-from ckptfs.store.bucket import PrefixedStore, normal_prefix, status_class
+from ckptfs.store.bucket import PrefixedStore, status_class
 
 log = logging.getLogger(__name__)
 
@@ -186,24 +186,28 @@ class S3Store(PrefixedStore):
         storage_class: str | None = None,
         storage_class_prefix: str = "",
     ) -> None:
-        self.bucket = self.space = bucket
+        self.bucket = bucket
         # S3 storage class of the objects under storage_class_prefix (the format's chunks,
         # named by the caller); all other objects get the bucket's default
         self.storage_class = storage_class
         self.storage_class_prefix = storage_class_prefix
-        self.prefix = normal_prefix(prefix)
-        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        config = client_config(endpoint_url, max_pool_connections, connect_timeout,
-                               read_timeout)
-        session = boto3.session.Session(region_name=region)
-        self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
-        self.endpoint: str = self._client.meta.endpoint_url
-        self.url_endpoint = endpoint_url
+        self._region = region
         self._no_batch_delete = False  # set once the server refuses DeleteObjects
         self._bodies = BodyPool()  # at most 8 kept: the default --upload-threads
         #: None until the first put_if_absent finds out (_probe_conditional_put)
         self.atomic_create: bool | None = None  # type: ignore[assignment]
-        self.url = self._url()
+        super().__init__(bucket, prefix, endpoint_url, max_pool_connections, connect_timeout,
+                         read_timeout)
+
+    def _connect(self, endpoint_url: str | None, max_pool_connections: int,
+                 connect_timeout: float, read_timeout: float) -> None:
+        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        config = client_config(endpoint_url, max_pool_connections, connect_timeout,
+                               read_timeout)
+        session = boto3.session.Session(region_name=self._region)
+        self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        self.endpoint = self._client.meta.endpoint_url
+        self.url_endpoint = endpoint_url
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
