@@ -33,6 +33,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 import lz4.block
 import numpy as np
@@ -62,6 +63,7 @@ _PLANES = struct.Struct("<4I")
 Buffer = bytes | bytearray | memoryview
 #: memory a decode writes into: a bytearray, or a view of new_buffer()'s
 WritableBuffer = bytearray | memoryview
+B = TypeVar("B", bytearray | memoryview, np.ndarray)
 
 
 def new_buffer(size: int) -> memoryview:
@@ -107,24 +109,8 @@ def encoded(data: Buffer, method: str = "lz4") -> Iterator[tuple[list[Buffer], i
     buffers, one per core, instead of fresh memory per chunk (page faults dominate on some
     VMs), and its payload is left in parts, not joined (the store joins them once, or
     writes them one after the other)."""
-    taken: list[np.ndarray] = []
-
-    def take(size: int) -> np.ndarray:
-        try:
-            buf = _GROUPED.get_nowait()
-        except queue.Empty:
-            buf = np.empty(0, np.uint8)
-        if len(buf) < size:
-            buf = np.empty(size, np.uint8)
-        taken.append(buf)
-        return buf
-
-    try:
+    with _GROUPED.lent() as take:
         yield _encode_parts(data, method, take)
-    finally:
-        for buf in taken:
-            if _GROUPED.qsize() < _POOL:
-                _GROUPED.put(buf)
 
 
 def _encode_parts(data: Buffer, method: str,
@@ -230,20 +216,8 @@ def decoded(blob: Buffer, expected_hash: str | None = None) -> Iterator[Buffer]:
     fetcher writes them to the cache): a zstd4 chunk is decoded into one of a few reused
     buffers, one per core, so that at most that many decodes run at once and none pays
     for fresh memory (page faults dominate on some VMs)."""
-    taken: list[WritableBuffer] = []
-
-    def take(size: int) -> WritableBuffer:
-        buf = _OUTPUTS.get()
-        if len(buf) < size:  # (replaced, not resized: a view of it may still exist)
-            buf = new_buffer(size)
-        taken.append(buf)
-        return buf
-
-    try:
+    with _OUTPUTS.lent() as take:
         yield _decode(blob, expected_hash, take)
-    finally:
-        for buf in taken:
-            _OUTPUTS.put(buf)
 
 
 def decode_into(blob: Buffer, expected_hash: str | None,
@@ -261,13 +235,54 @@ def is_raw(blob: Buffer) -> bool:
 #: at most one encode per core at once: the upload threads outnumber the cores, and each
 #: encode holds a regrouped copy of its chunk while it runs
 _ENCODES = threading.BoundedSemaphore(os.cpu_count() or 1)
+
+
+class _Buffers(Generic[B]):
+    """At most `keep` reused buffers, lent for the length of a block: one that is too
+    small is replaced by new(size) (not resized: a view of it may still exist). With
+    `wait`, the pool holds `keep` from the start and a borrower waits for one, which
+    bounds how many blocks run at once; else a borrower that finds none makes one."""
+
+    def __init__(self, new: Callable[[int], B], keep: int, wait: bool) -> None:
+        self.new: Callable[[int], B] = new
+        self.keep = keep
+        self.wait = wait
+        self._free: queue.LifoQueue[B] = queue.LifoQueue()
+        for _ in range(keep if wait else 0):
+            self._free.put(new(0))
+
+    def qsize(self) -> int:
+        """How many buffers the pool holds now (not lent)."""
+        return self._free.qsize()
+
+    @contextmanager
+    def lent(self) -> Iterator[Callable[[int], B]]:
+        """A take(size) that lends a buffer of at least `size` until the block ends."""
+        taken: list[B] = []
+
+        def take(size: int) -> B:
+            try:
+                buf = self._free.get(block=self.wait)
+            except queue.Empty:
+                buf = self.new(0)
+            if len(buf) < size:
+                buf = self.new(size)
+            taken.append(buf)
+            return buf
+
+        try:
+            yield take
+        finally:
+            for buf in taken:
+                if self._free.qsize() < self.keep:
+                    self._free.put(buf)
+
+
 #: decode buffers of decoded(): as many as cores
-_OUTPUTS: queue.LifoQueue[WritableBuffer] = queue.LifoQueue()
-for _ in range(os.cpu_count() or 1):
-    _OUTPUTS.put(bytearray())
+_OUTPUTS: _Buffers[WritableBuffer] = _Buffers(new_buffer, os.cpu_count() or 1, wait=True)
 #: regrouping buffers of encoded(): kept for as many encodes as cores, made as needed
-_POOL = os.cpu_count() or 1
-_GROUPED: queue.LifoQueue[np.ndarray] = queue.LifoQueue()
+_GROUPED: _Buffers[np.ndarray] = _Buffers(lambda size: np.empty(size, np.uint8),
+                                          os.cpu_count() or 1, wait=False)
 
 
 def _decode(blob: Buffer, expected_hash: str | None,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -23,33 +22,15 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobPrefix, BlobServiceClient, ContainerClient, LinearRetry
 
-from ckptfs.common.config import LIMITS
-from ckptfs.common.crashpoints import crash_point
-from ckptfs.common.errors import (
-    ConfigError,
-    KeyTooLongError,
-    NotFoundError,
-    PermanentStoreError,
-    StoreError,
-    TransientStoreError,
-)
-from ckptfs.store.base import (
-    Listing,
-    ObjectInfo,
-    PrefixedStore,
-    one_line,
-    restamp_if_slow,
-    root_cause,
-)
+from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
+from ckptfs.store.base import ObjectInfo, one_line, root_cause
+from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
-#: the longest blob name Azure allows, in characters, the store's prefix included
-MAX_NAME_CHARS = 1024
 #: error codes of a 404 that is not about the blob: retrying cannot fix these
 PERMANENT_404 = frozenset({"ContainerNotFound", "ContainerBeingDeleted", "AccountIsDisabled"})
 #: 4xx error codes that are nevertheless worth retrying
 TRANSIENT_CODES = frozenset({"ServerBusy", "OperationTimedOut", "InternalError",
                              "IncrementalCopyOfEarlierVersionSnapshotNotAllowed"})
-#: most deletes in flight at once in delete_many
 #: the environment variables of Azure's tools, in the order they are tried
 CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_VARS = ("AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_NAME")
@@ -59,13 +40,8 @@ SAS_VAR = "AZURE_STORAGE_SAS_TOKEN"
 
 def error_class(status: int, code: str) -> type[StoreError]:
     """The StoreError subclass for an HTTP status (0 if none) and Azure error code."""
-    if status in (401, 403):
-        return PermanentStoreError
-    if status == 404:
-        return PermanentStoreError if code in PERMANENT_404 else NotFoundError
-    if code in TRANSIENT_CODES or status in (0, 408, 429) or status >= 500:
-        return TransientStoreError
-    return PermanentStoreError
+    return status_class(status, permanent=status == 404 and code in PERMANENT_404,
+                        transient=code in TRANSIENT_CODES)
 
 
 def _env(*names: str) -> str | None:
@@ -113,24 +89,18 @@ def _credential(endpoint_url: str | None) -> tuple[str, Any]:
 class AzureStore(PrefixedStore):
     """Blobs under `prefix` in one container; one shared, thread-safe ContainerClient."""
 
-    def __init__(
-        self,
-        container: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        max_pool_connections: int = 32,
-        connect_timeout: float = 5,
-        read_timeout: float = 60,
-    ) -> None:
-        self.container = container
-        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    service = "Azure"
+    scheme = "az"
+    object_noun = "blob"
+    key_unit = "characters"  # of the longest blob name Azure allows (max_key_length)
+
+    def _connect(self, endpoint_url: str | None, max_pool_connections: int,
+                 connect_timeout: float, read_timeout: float) -> None:
+        self.container = self.space
         account_url, credential = _credential(endpoint_url)
-        self.endpoint = account_url
+        self.endpoint = self.url_endpoint = account_url
         session = requests.Session()
-        adapter = requests.adapters.HTTPAdapter(pool_connections=1,
-                                                pool_maxsize=max_pool_connections)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
+        pool_connections(session, max_pool_connections)
         transport = RequestsTransport(session=session, session_owner=True,
                                       connection_timeout=connect_timeout,
                                       read_timeout=read_timeout)
@@ -140,22 +110,8 @@ class AzureStore(PrefixedStore):
         retry = LinearRetry(backoff=seconds, retry_total=1, random_jitter_range=seconds / 2)
         service = BlobServiceClient(account_url, credential=credential, transport=transport,
                                     retry_policy=retry)
-        self._client: ContainerClient = service.get_container_client(container)
+        self._client: ContainerClient = service.get_container_client(self.container)
         self._service = service
-        self.url = self._url()
-
-    def _url(self) -> str:
-        return f"az://{self.container}/{self.prefix} at {self.endpoint}"
-
-
-    def check_length(self, key: str) -> None:
-        size = len(self._key(key))
-        if size > MAX_NAME_CHARS:
-            raise KeyTooLongError(f"key too long for {self.url}: {size} characters with the "
-                                  f"prefix, Azure allows {MAX_NAME_CHARS}: {key}")
-
-    def _where(self, key: str) -> str:
-        return f"az://{self.container}/{self.prefix}{key} at {self.endpoint}"
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
@@ -165,16 +121,16 @@ class AzureStore(PrefixedStore):
         except ClientAuthenticationError as e:
             status = e.status_code or 0
             code = getattr(e, "error_code", None) or "authentication failed"
-            raise PermanentStoreError(f"Azure {op} {self._where(key)}: {code} (HTTP {status})"
-                                      f"; check the credentials") from e
+            raise PermanentStoreError(self._message(op, key, f"{code} (HTTP {status}); check "
+                                                    f"the credentials")) from e
         except HttpResponseError as e:
             status, code = e.status_code or 0, str(getattr(e, "error_code", None) or "")
             cls = error_class(status, code)
-            raise cls(f"Azure {op} {self._where(key)}: {code or 'error'} (HTTP {status})") from e
+            raise cls(self._message(op, key, f"{code or 'error'} (HTTP {status})")) from e
         except (ServiceRequestError, ServiceResponseError) as e:
-            raise TransientStoreError(f"Azure {op} {self._where(key)}: {root_cause(e)}") from e
+            raise TransientStoreError(self._message(op, key, root_cause(e))) from e
         except AzureError as e:
-            raise TransientStoreError(f"Azure {op} {self._where(key)}: {one_line(e)}") from e
+            raise TransientStoreError(self._message(op, key, one_line(e))) from e
 
     def check(self) -> None:
         """Verify that the container exists and answers; raise a one-line StoreError if not."""
@@ -212,43 +168,26 @@ class AzureStore(PrefixedStore):
     atomic_create = True
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        self.check_length(key)
-        body = bytes(data) if isinstance(data, memoryview) else data
-        with self._errors("put_if_absent", key):
-            try:
-                self._client.upload_blob(self._key(key), body, overwrite=False,
-                                         max_concurrency=1)
-            except ResourceExistsError:
-                return False
-        return True
+        return self._create(key, data, lambda body: self._client.upload_blob(
+            self._key(key), body, overwrite=False, max_concurrency=1), ResourceExistsError)
 
     def get(self, key: str) -> bytes:
         with self._errors("get", key):
             return bytes(self._client.download_blob(self._key(key), max_concurrency=1).readall())
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        if start < 0:
-            raise ValueError(f"negative range start: {start}")
-        if end <= start:
-            if self.head(key) is None:
-                raise NotFoundError(f"Azure get_range {self._where(key)}: no such blob")
-            return b""
-        with self._errors("get_range", key):
-            try:
-                downloader = self._client.download_blob(self._key(key), offset=start,
-                                                        length=end - start, max_concurrency=1)
-                return bytes(downloader.readall())
-            except HttpResponseError as e:
-                if e.status_code == 416:  # start is at or past the end of the blob
-                    return b""
-                raise
+    def _get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            downloader = self._client.download_blob(self._key(key), offset=start,
+                                                    length=end - start, max_concurrency=1)
+            return bytes(downloader.readall())
+        except HttpResponseError as e:
+            if e.status_code == 416:  # start is at or past the end of the blob
+                return b""
+            raise
 
     def _properties(self, op: str, key: str) -> Any:
-        try:
-            with self._errors(op, key):
-                return self._client.get_blob_client(self._key(key)).get_blob_properties()
-        except NotFoundError:
-            return None
+        blob = self._client.get_blob_client(self._key(key))
+        return self._if_present(op, key, blob.get_blob_properties)
 
     def head(self, key: str) -> int | None:
         props = self._properties("head", key)
@@ -277,65 +216,33 @@ class AzureStore(PrefixedStore):
                 time.sleep(0.1)
                 status = target.get_blob_properties().copy.status
             if status not in (None, "success"):
-                raise TransientStoreError(f"Azure copy {self._where(src)}: copy {status}")
-
-    def rename(self, src: str, dst: str) -> None:
-        """Copy Blob (the copy gets a new Last-Modified), then Delete Blob. Not atomic: a
-        crash in between leaves both. When the two took longer than RESTAMP_AFTER, the
-        copy's metadata is set, which gives it a new Last-Modified (that request alone
-        retried: restamp_if_slow)."""
-        self.check_length(dst)
-        start = time.monotonic()
-        self.copy(src, dst)
-        crash_point("store_rename_copied")
-        self.delete(src)
-        restamp_if_slow(start, dst, lambda: self._restamp(dst))
+                raise TransientStoreError(self._message("copy", src, f"copy {status}"))
 
     def _restamp(self, key: str) -> None:
+        """Set the blob's metadata, which gives it a new Last-Modified (rename, as
+        Store.rename: Copy Blob, which gives the copy a new Last-Modified, then Delete
+        Blob)."""
         with self._errors("rename", key):
             self._client.get_blob_client(self._key(key)).set_blob_metadata(
                 {"ckptfs_restamped": str(int(time.time()))})
 
     def delete(self, key: str) -> None:
-        try:
-            with self._errors("delete", key):
-                self._client.delete_blob(self._key(key))
-        except NotFoundError:
-            pass
+        self._if_present("delete", key, lambda: self._client.delete_blob(self._key(key)))
 
-    def delete_many(self, keys: Iterable[str]) -> None:
-        keys = list(keys)
-        if len(keys) <= 1:
-            for key in keys:
-                self.delete(key)
+    def _list_entries(self, prefix: str, delimiter: str | None
+                      ) -> Iterator[tuple[str, int | None]]:
+        if delimiter is None:
+            for blob in self._client.list_blobs(name_starts_with=prefix):
+                yield blob.name, int(blob.size)
             return
-        with ThreadPoolExecutor(LIMITS.delete_threads) as pool:
-            list(pool.map(self.delete, keys))
+        for item in self._client.walk_blobs(name_starts_with=prefix, delimiter=delimiter):
+            yield item.name, None if isinstance(item, BlobPrefix) else int(item.size)
 
-    def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
-        n = len(self.prefix)
-        objects: list[tuple[str, int]] = []
-        prefixes: list[str] = []
-        with self._errors("list", prefix):
-            if delimiter is None:
-                for blob in self._client.list_blobs(name_starts_with=self.prefix + prefix):
-                    objects.append((blob.name[n:], int(blob.size)))
-            else:
-                for item in self._client.walk_blobs(name_starts_with=self.prefix + prefix,
-                                                    delimiter=delimiter):
-                    if isinstance(item, BlobPrefix):
-                        prefixes.append(item.name[n:])
-                    else:
-                        objects.append((item.name[n:], int(item.size)))
-        return Listing(sorted(objects), sorted(prefixes))
-
-    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
-        n = len(self.prefix)
-        with self._errors("scan", prefix):
-            pages = self._client.list_blobs(name_starts_with=self.prefix + prefix).by_page()
-            for page in pages:  # one page (up to 5000 blobs) at a time
-                for blob in page:
-                    yield self._info(blob.name[n:], blob.size, blob.last_modified, blob.etag)
+    def _scan_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        pages = self._client.list_blobs(name_starts_with=prefix).by_page()
+        for page in pages:  # one page (up to 5000 blobs) at a time
+            for blob in page:
+                yield self._info(blob.name, blob.size, blob.last_modified, blob.etag)
 
     def close(self) -> None:
         self._service.close()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any
 
 import google.auth
@@ -19,46 +18,22 @@ from google.cloud import storage
 from google.resumable_media import common as media
 from urllib3.util.retry import Retry
 
-from ckptfs.common.config import LIMITS
-from ckptfs.common.crashpoints import crash_point
-from ckptfs.common.errors import (
-    ConfigError,
-    KeyTooLongError,
-    NotFoundError,
-    PermanentStoreError,
-    StoreError,
-    TransientStoreError,
-)
-from ckptfs.store.base import (
-    Listing,
-    ObjectInfo,
-    PrefixedStore,
-    one_line,
-    restamp_if_slow,
-    root_cause,
-)
+from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
+from ckptfs.store.base import ObjectInfo, one_line, root_cause
+from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
-#: the longest object name GCS allows, in bytes of UTF-8, the store's prefix included
-MAX_KEY_BYTES = 1024
 #: where the google-cloud-storage client (and gsutil, gcloud) find an emulator
 EMULATOR_VAR = "STORAGE_EMULATOR_HOST"
 #: HTTP statuses whose request the client sends a second time at once
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-#: most deletes in flight at once in delete_many
 #: the scopes a store needs (read and write objects, list them)
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 
 
 def error_class(status: int, message: str = "") -> type[StoreError]:
     """The StoreError subclass for an HTTP status (0 if none) and the error's message."""
-    if status in (401, 403):
-        return PermanentStoreError
-    if status == 404:
-        # the bucket itself missing is no missing object: nothing will bring it back
-        return PermanentStoreError if "bucket" in message.lower() else NotFoundError
-    if status in (0, 408, 429) or status >= 500:
-        return TransientStoreError
-    return PermanentStoreError
+    # the bucket itself missing is no missing object: nothing will bring it back
+    return status_class(status, permanent=status == 404 and "bucket" in message.lower())
 
 
 def _credentials(endpoint_url: str | None) -> tuple[str | None, Any, str | None]:
@@ -85,17 +60,12 @@ def _credentials(endpoint_url: str | None) -> tuple[str | None, Any, str | None]
 class GcsStore(PrefixedStore):
     """Objects under `prefix` in one bucket; one shared, thread-safe storage.Client."""
 
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        max_pool_connections: int = 32,
-        connect_timeout: float = 5,
-        read_timeout: float = 60,
-    ) -> None:
-        self.bucket_name = bucket
-        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    service = "GCS"
+    scheme = "gs"
+
+    def _connect(self, endpoint_url: str | None, max_pool_connections: int,
+                 connect_timeout: float, read_timeout: float) -> None:
+        self.bucket_name = self.space
         endpoint, credentials, project = _credentials(endpoint_url)
         session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
         # 2 attempts in all, as on S3 and Azure: ckptfs retries further with its own
@@ -103,10 +73,7 @@ class GcsStore(PrefixedStore):
         retries = Retry(total=1, connect=1, read=1, status=1, other=0, allowed_methods=None,
                         status_forcelist=RETRY_STATUSES, backoff_factor=0.1,
                         raise_on_status=False)
-        adapter = requests.adapters.HTTPAdapter(pool_connections=1, max_retries=retries,
-                                                pool_maxsize=max_pool_connections)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
+        pool_connections(session, max_pool_connections, retries)
         options = {"api_endpoint": endpoint} if endpoint else None
         self._client = storage.Client(project=project, credentials=credentials, _http=session,
                                       client_options=options)
@@ -114,28 +81,13 @@ class GcsStore(PrefixedStore):
         # in a thread of its own (one more GET per bucket, fired and forgotten): off
         if getattr(self._client, "_bucket_metadata_cache", None) is not None:
             self._client._bucket_metadata_cache = None
-        self._bucket = self._client.bucket(bucket)
+        self._bucket = self._client.bucket(self.bucket_name)
         self.endpoint: str = endpoint or "https://storage.googleapis.com"
-        self._endpoint_arg = endpoint
+        self.url_endpoint = endpoint
         self._timeout = (connect_timeout, read_timeout)
-        self.url = self._url()
-
-    def _url(self) -> str:
-        at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
-        return f"gs://{self.bucket_name}/{self.prefix}{at}"
-
 
     def _blob(self, key: str) -> Any:
         return self._bucket.blob(self._key(key))
-
-    def check_length(self, key: str) -> None:
-        size = len(self._key(key).encode("utf-8", "surrogateescape"))
-        if size > MAX_KEY_BYTES:
-            raise KeyTooLongError(f"key too long for {self.url}: {size} bytes with the "
-                                  f"prefix, GCS allows {MAX_KEY_BYTES}: {key}")
-
-    def _where(self, key: str) -> str:
-        return f"gs://{self.bucket_name}/{self.prefix}{key} at {self.endpoint}"
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
@@ -146,19 +98,19 @@ class GcsStore(PrefixedStore):
             status = int(e.code or 0)
             message = one_line(e.message)[:200]
             cls = error_class(status, message)
-            raise cls(f"GCS {op} {self._where(key)}: {message} (HTTP {status})") from e
+            raise cls(self._message(op, key, f"{message} (HTTP {status})")) from e
         except media.InvalidResponse as e:
             status = int(getattr(e.response, "status_code", 0) or 0)
             cls = error_class(status)
-            raise cls(f"GCS {op} {self._where(key)}: HTTP {status}") from e
+            raise cls(self._message(op, key, f"HTTP {status}")) from e
         except auth.RefreshError as e:
             cls = TransientStoreError if e.retryable else PermanentStoreError
-            raise cls(f"GCS {op} {self._where(key)}: credentials: {one_line(e)[:200]}") from e
+            raise cls(self._message(op, key, f"credentials: {one_line(e)[:200]}")) from e
         except auth.GoogleAuthError as e:
-            raise PermanentStoreError(f"GCS {op} {self._where(key)}: credentials: "
-                                      f"{one_line(e)[:200]}") from e
+            raise PermanentStoreError(self._message(op, key, f"credentials: "
+                                                    f"{one_line(e)[:200]}")) from e
         except (requests.RequestException, OSError) as e:
-            raise TransientStoreError(f"GCS {op} {self._where(key)}: {root_cause(e)}") from e
+            raise TransientStoreError(self._message(op, key, root_cause(e))) from e
 
     def check(self) -> None:
         """Verify that the bucket exists and answers (one LIST of at most one object, the
@@ -194,16 +146,9 @@ class GcsStore(PrefixedStore):
     atomic_create = True
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        self.check_length(key)
-        body = bytes(data) if isinstance(data, memoryview) else data
-        with self._errors("put_if_absent", key):
-            try:
-                self._blob(key).upload_from_string(
-                    body, content_type="application/octet-stream", checksum=None,
-                    retry=None, timeout=self._timeout, if_generation_match=0)
-            except api.PreconditionFailed:
-                return False
-        return True
+        return self._create(key, data, lambda body: self._blob(key).upload_from_string(
+            body, content_type="application/octet-stream", checksum=None, retry=None,
+            timeout=self._timeout, if_generation_match=0), api.PreconditionFailed)
 
     def get(self, key: str) -> bytes:
         with self._errors("get", key):
@@ -211,20 +156,13 @@ class GcsStore(PrefixedStore):
                                                            raw_download=True,
                                                            timeout=self._timeout))
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        if start < 0:
-            raise ValueError(f"negative range start: {start}")
-        if end <= start:
-            if self.head(key) is None:
-                raise NotFoundError(f"GCS get_range {self._where(key)}: no such object")
-            return b""
-        with self._errors("get_range", key):
-            try:
-                return bytes(self._blob(key).download_as_bytes(
-                    start=start, end=end - 1, checksum=None, retry=None, raw_download=True,
-                    timeout=self._timeout))
-            except api.RequestRangeNotSatisfiable:
-                return b""  # start is at or past the end of the object
+    def _get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            return bytes(self._blob(key).download_as_bytes(
+                start=start, end=end - 1, checksum=None, retry=None, raw_download=True,
+                timeout=self._timeout))
+        except api.RequestRangeNotSatisfiable:
+            return b""  # start is at or past the end of the object
 
     def _get_blob(self, op: str, key: str) -> Any:
         with self._errors(op, key):
@@ -252,61 +190,32 @@ class GcsStore(PrefixedStore):
                 token, _, _ = target.rewrite(source, token=token, retry=None,
                                              timeout=self._timeout)
 
-    def rename(self, src: str, dst: str) -> None:
-        """Rewrite (the copy is a new generation: a new `updated`), then delete. Not
-        atomic: a crash in between leaves both. When the two took longer than
-        RESTAMP_AFTER, the copy's metadata is patched, which updates `updated` (that request
-        alone retried: restamp_if_slow)."""
-        self.check_length(dst)
-        start = time.monotonic()
-        self.copy(src, dst)
-        crash_point("store_rename_copied")
-        self.delete(src)
-        restamp_if_slow(start, dst, lambda: self._restamp(dst))
-
     def _restamp(self, key: str) -> None:
+        """Patch the object's metadata, which updates `updated` (rename, as Store.rename:
+        a rewrite, whose copy is a new generation with a new `updated`, then a delete)."""
         target = self._blob(key)
         target.metadata = {"ckptfs-restamped": str(int(time.time()))}
         with self._errors("rename", key):
             target.patch(retry=None, timeout=self._timeout)
 
     def delete(self, key: str) -> None:
-        try:
-            with self._errors("delete", key):
-                self._blob(key).delete(retry=None, timeout=self._timeout)
-        except NotFoundError:
-            pass
-
-    def delete_many(self, keys: Iterable[str]) -> None:
-        keys = list(keys)
-        if len(keys) <= 1:
-            for key in keys:
-                self.delete(key)
-            return
-        with ThreadPoolExecutor(LIMITS.delete_threads) as pool:
-            list(pool.map(self.delete, keys))
+        self._if_present("delete", key,
+                         lambda: self._blob(key).delete(retry=None, timeout=self._timeout))
 
     def _pages(self, prefix: str, delimiter: str | None) -> Any:
-        return self._client.list_blobs(self._bucket, prefix=self.prefix + prefix,
-                                       delimiter=delimiter, retry=None,
-                                       timeout=self._timeout).pages
+        return self._client.list_blobs(self._bucket, prefix=prefix, delimiter=delimiter,
+                                       retry=None, timeout=self._timeout).pages
 
-    def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
-        n = len(self.prefix)
-        objects: list[tuple[str, int]] = []
-        prefixes: list[str] = []
-        with self._errors("list", prefix):
-            for page in self._pages(prefix, delimiter):
-                objects += [(blob.name[n:], int(blob.size)) for blob in page]
-                prefixes += [p[n:] for p in page.prefixes]
-        return Listing(sorted(objects), sorted(prefixes))
+    def _list_entries(self, prefix: str, delimiter: str | None
+                      ) -> Iterator[tuple[str, int | None]]:
+        for page in self._pages(prefix, delimiter):
+            yield from ((blob.name, int(blob.size)) for blob in page)
+            yield from ((p, None) for p in page.prefixes)
 
-    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
-        n = len(self.prefix)
-        with self._errors("scan", prefix):
-            for page in self._pages(prefix, None):  # one page (up to 1000) at a time
-                for blob in page:
-                    yield self._info(blob.name[n:], blob)
+    def _scan_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        for page in self._pages(prefix, None):  # one page (up to 1000) at a time
+            for blob in page:
+                yield self._info(blob.name, blob)
 
     def close(self) -> None:
         self._client.close()

@@ -35,14 +35,8 @@ from ckptfs.common.errors import (
     StoreError,
     TransientStoreError,
 )
-from ckptfs.store.base import (
-    Listing,
-    ObjectInfo,
-    PrefixedStore,
-    one_line,
-    restamp_if_slow,
-    root_cause,
-)
+from ckptfs.store.base import ObjectInfo, one_line, restamp_if_slow, root_cause
+from ckptfs.store.bucket import PrefixedStore, status_class
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +65,6 @@ PERMANENT_BOTOCORE = (
 )
 #: most keys one DeleteObjects request may carry
 DELETE_BATCH = 1000
-#: the longest object key S3 allows, in bytes of UTF-8, the store's prefix included
-MAX_KEY_BYTES = 1024
 #: bodies from put_parts at least this large are joined into a reused buffer (BodyPool)
 POOLED_BODY = 1 << 20
 
@@ -166,13 +158,8 @@ class BodyPool:
 
 def error_class(code: str, status: int) -> type[StoreError]:
     """The StoreError subclass for an S3 error code and HTTP status (0 if unknown)."""
-    if code in PERMANENT_CODES or status in (401, 403):
-        return PermanentStoreError
-    if code in NOT_FOUND_CODES or status == 404:
-        return NotFoundError
-    if code in TRANSIENT_CODES or status in (0, 408, 429) or status >= 500:
-        return TransientStoreError
-    return PermanentStoreError  # any other 3xx/4xx: the request cannot succeed as sent
+    return status_class(status, permanent=code in PERMANENT_CODES,
+                        missing=code in NOT_FOUND_CODES, transient=code in TRANSIENT_CODES)
 
 
 def error_code(e: ClientError) -> tuple[str, int]:
@@ -183,6 +170,9 @@ def error_code(e: ClientError) -> tuple[str, int]:
 
 class S3Store(PrefixedStore):
     """Objects under `prefix` in one bucket; one shared, thread-safe boto3 client."""
+
+    service = "S3"
+    scheme = "s3"
 
     def __init__(
         self,
@@ -201,33 +191,23 @@ class S3Store(PrefixedStore):
         # named by the caller); all other objects get the bucket's default
         self.storage_class = storage_class
         self.storage_class_prefix = storage_class_prefix
-        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        config = client_config(endpoint_url, max_pool_connections, connect_timeout,
-                               read_timeout)
-        session = boto3.session.Session(region_name=region)
-        self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
-        self.endpoint: str = self._client.meta.endpoint_url
-        self._endpoint_arg = endpoint_url
+        self._region = region
         self._no_batch_delete = False  # set once the server refuses DeleteObjects
         self._bodies = BodyPool()  # at most 8 kept: the default --upload-threads
         #: None until the first put_if_absent finds out (_probe_conditional_put)
         self.atomic_create: bool | None = None  # type: ignore[assignment]
-        self.url = self._url()
+        super().__init__(bucket, prefix, endpoint_url, max_pool_connections, connect_timeout,
+                         read_timeout)
 
-    def _url(self) -> str:
-        at = f" at {self._endpoint_arg}" if self._endpoint_arg else ""
-        return f"s3://{self.bucket}/{self.prefix}{at}"
-
-
-    def check_length(self, key: str) -> None:
-        size = len(self._key(key).encode("utf-8", "surrogateescape"))
-        if size > MAX_KEY_BYTES:
-            raise KeyTooLongError(f"key too long for {self.url}: {size} bytes with the "
-                                  f"prefix, S3 allows {MAX_KEY_BYTES}: {key}")
-
-    def _where(self, key: str) -> str:
-        return f"s3://{self.bucket}/{self.prefix}{key} at {self.endpoint}"
+    def _connect(self, endpoint_url: str | None, max_pool_connections: int,
+                 connect_timeout: float, read_timeout: float) -> None:
+        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        config = client_config(endpoint_url, max_pool_connections, connect_timeout,
+                               read_timeout)
+        session = boto3.session.Session(region_name=self._region)
+        self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        self.endpoint = self._client.meta.endpoint_url
+        self.url_endpoint = endpoint_url
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
@@ -237,13 +217,13 @@ class S3Store(PrefixedStore):
         except ClientError as e:
             code, status = error_code(e)
             if code == "KeyTooLongError":  # e.g. SeaweedFS: 255 bytes per segment
-                raise KeyTooLongError(f"S3 {op} {self._where(key)}: {code}") from e
+                raise KeyTooLongError(self._message(op, key, code)) from e
             cls = error_class(code, status)
-            raise cls(f"S3 {op} {self._where(key)}: {code or 'error'} (HTTP {status})") from e
+            raise cls(self._message(op, key, f"{code or 'error'} (HTTP {status})")) from e
         except PERMANENT_BOTOCORE as e:
-            raise PermanentStoreError(f"S3 {op} {self._where(key)}: {one_line(e)}") from e
+            raise PermanentStoreError(self._message(op, key, one_line(e))) from e
         except BotoCoreError as e:
-            raise TransientStoreError(f"S3 {op} {self._where(key)}: {one_line(e)}") from e
+            raise TransientStoreError(self._message(op, key, one_line(e))) from e
 
     def check(self) -> None:
         """Verify that the bucket exists and answers; raise a one-line StoreError if not."""
@@ -352,39 +332,30 @@ class S3Store(PrefixedStore):
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             return bytes(response["Body"].read())
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        if start < 0:
-            raise ValueError(f"negative range start: {start}")
-        if end <= start:
-            if self.head(key) is None:
-                raise NotFoundError(f"S3 get_range {self._where(key)}: no such object")
-            return b""
-        with self._errors("get_range", key):
-            try:
-                response = self._client.get_object(
-                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}"
-                )
-            except ClientError as e:
-                if error_code(e)[0] == "InvalidRange":
-                    return b""  # start is at or past the end of the object
-                raise
-            body = bytes(response["Body"].read())
+    def _get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            response = self._client.get_object(
+                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}"
+            )
+        except ClientError as e:
+            if error_code(e)[0] == "InvalidRange":
+                return b""  # start is at or past the end of the object
+            raise
+        body = bytes(response["Body"].read())
         # a server that ignores Range answers 200 with the whole object
         return body if "ContentRange" in response else body[start:end]
 
+    def _head_object(self, op: str, key: str) -> Any:
+        return self._if_present(op, key, lambda: self._client.head_object(
+            Bucket=self.bucket, Key=self._key(key)))
+
     def head(self, key: str) -> int | None:
-        try:
-            with self._errors("head", key):
-                response = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except NotFoundError:
-            return None
-        return int(response["ContentLength"])
+        response = self._head_object("head", key)
+        return None if response is None else int(response["ContentLength"])
 
     def stat(self, key: str) -> ObjectInfo | None:
-        try:
-            with self._errors("stat", key):
-                response = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except NotFoundError:
+        response = self._head_object("stat", key)
+        if response is None:
             return None
         size = int(response["ContentLength"])
         return ObjectInfo(key, size, response["LastModified"].timestamp(),
@@ -452,31 +423,26 @@ class S3Store(PrefixedStore):
             if code not in NOT_FOUND_CODES:
                 key = error.get("Key", "")[len(self.prefix) :]
                 cls = error_class(code, 0)
-                raise cls(f"S3 delete_many {self._where(key)}: {code} ({len(errors)} failed)")
+                raise cls(self._message("delete_many", key,
+                                        f"{code} ({len(errors)} failed)"))
 
-    def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
-        args = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
+    def _list_entries(self, prefix: str, delimiter: str | None
+                      ) -> Iterator[tuple[str, int | None]]:
+        args = {"Bucket": self.bucket, "Prefix": prefix}
         if delimiter is not None:
             args["Delimiter"] = delimiter
-        n = len(self.prefix)
-        objects: list[tuple[str, int]] = []
-        prefixes: list[str] = []
-        with self._errors("list", prefix):
-            for page in self._client.get_paginator("list_objects_v2").paginate(**args):
-                objects += [(o["Key"][n:], int(o["Size"])) for o in page.get("Contents", [])]
-                prefixes += [p["Prefix"][n:] for p in page.get("CommonPrefixes", [])]
-        return Listing(sorted(objects), sorted(prefixes))
+        for page in self._client.get_paginator("list_objects_v2").paginate(**args):
+            yield from ((o["Key"], int(o["Size"])) for o in page.get("Contents", []))
+            yield from ((p["Prefix"], None) for p in page.get("CommonPrefixes", []))
 
-    def scan(self, prefix: str) -> Iterator[ObjectInfo]:
-        n = len(self.prefix)
-        with self._errors("scan", prefix):
-            pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix + prefix)
-            for page in pages:  # one page (up to 1000 objects) at a time
-                for o in page.get("Contents", []):
-                    size = int(o["Size"])
-                    yield ObjectInfo(o["Key"][n:], size, o["LastModified"].timestamp(),
-                                     f"{size}:{o.get('ETag', '')}")
+    def _scan_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix)
+        for page in pages:  # one page (up to 1000 objects) at a time
+            for o in page.get("Contents", []):
+                size = int(o["Size"])
+                yield ObjectInfo(o["Key"], size, o["LastModified"].timestamp(),
+                                 f"{size}:{o.get('ETag', '')}")
 
     def copy(self, src: str, dst: str) -> None:
         self.check_length(dst)
