@@ -337,6 +337,12 @@ DIR = Dir()
 Value = bytes | Dir | None
 
 
+#: one call on an open handle (fs, fh)
+Call = Callable[[CheckpointFS, int], Any]
+#: the calls of one change to an open handle, each with the model's edit once it returned
+Steps = list[tuple[Call, Callable[[], None]]]
+
+
 @dataclass
 class Handle:
     node: int
@@ -998,54 +1004,84 @@ class Runner:
         return model.pending[h.fid]
 
     async def handle_op(self, op: Op, what: str,
-                        change: Callable[[bytearray], Callable[[CheckpointFS, int], Any]]
-                        ) -> None:
+                        change: Callable[[bytearray], Steps]) -> None:
+        """One change to an open handle: `change` plans its calls on the handle's content,
+        each with the model's edit that follows it once the call has returned. A call
+        that fails with an error leaves the file exactly as it was (writebuffer copies
+        every stored chunk in first), so the model keeps the content from before it."""
         picked = self.pick_handle(op.node, op.a)
         if picked is None:
             return
         hid, h = picked
         node = await self.up(op.node)
+        had_pending = h.fid in self.model.pending
         buf = self.handle_content(h)
-        call = change(buf)
-        async with node.op() as scope:
+        steps = change(buf)
+        done = 0
+        async with node.op():
             try:
-                await call(self.fs(op.node), h.fh)
+                for call, edit in steps:
+                    await call(self.fs(op.node), h.fh)
+                    edit()
+                    done += 1
             except CkptfsError as e:
-                self.fail(f"{what} on h{hid}: {type(e).__name__}: {e}")
-        if scope.cancelled_caught:
-            return
+                if not self.faulty(op.node) and "injected" not in str(e):
+                    self.fail(f"{what} on h{hid}: {type(e).__name__}: {e}")
+                self.trace.append(f"    ! {what} on h{hid} failed after {done} of "
+                                  f"{len(steps)} calls, the file as before: "
+                                  f"{type(e).__name__}: {e}")
+                self.result.faults[f"{what} failed, nothing changed"] += 1
+                shown = self.fs(op.node).handle(h.fh).node.current_size
+                if shown != len(buf):
+                    self.fail(f"{what} on h{hid} failed ({type(e).__name__}), but the file "
+                              f"shows {shown} bytes where it had {len(buf)}")
+        if not done and not had_pending and hid in self.model.handles:
+            # nothing was written through this handle yet: it still holds the published
+            # version, as before
+            self.model.pending.pop(h.fid, None)
 
     async def op_hwrite(self, op: Op) -> None:
         data = content(self.seed, op.c)[:3 * CHUNK]
 
-        def change(buf: bytearray) -> Callable[[CheckpointFS, int], Any]:
+        def change(buf: bytearray) -> Steps:
             where = op.b % 4
             off = len(buf) if where < 2 or not buf else op.b % (len(buf) + 1)
             if len(buf) + len(data) > 8 * CHUNK:
                 off = 0
-            end = off + len(data)
-            if len(buf) < end:
-                buf.extend(b"\0" * (end - len(buf)))
-            buf[off:end] = data
+            # from offset 0 in pieces of 32 KiB (as a checkpoint writer does), else one call
+            piece = 32 * KiB if off == 0 else max(len(data), 1)
+            pieces = [(o, data[o - off:o - off + piece])
+                      for o in range(off, off + len(data), piece)]
+            if not pieces and off:
+                pieces = [(off, b"")]
 
-            async def call(fs: CheckpointFS, fh: int) -> None:
-                await self.write_all(fs, fh, data, 32 * KiB) if off == 0 else \
-                    await fs.write(fh, off, data)
-            return call
+            def step(at: int, part: bytes) -> tuple[Call, Callable[[], None]]:
+                async def call(fs: CheckpointFS, fh: int) -> None:
+                    await fs.write(fh, at, part)
+
+                def edit() -> None:
+                    end = at + len(part)
+                    if len(buf) < end:
+                        buf.extend(b"\0" * (end - len(buf)))
+                    buf[at:end] = part
+                return call, edit
+            return [step(at, part) for at, part in pieces]
 
         await self.handle_op(op, "write", change)
 
     async def op_htrunc(self, op: Op) -> None:
-        def change(buf: bytearray) -> Callable[[CheckpointFS, int], Any]:
+        def change(buf: bytearray) -> Steps:
             size = op.b % (len(buf) + CHUNK + 1)
-            if size < len(buf):
-                del buf[size:]
-            else:
-                buf.extend(b"\0" * (size - len(buf)))
 
             async def call(fs: CheckpointFS, fh: int) -> None:
                 await fs.setattr(fs.handle(fh).node.inode, size=size)
-            return call
+
+            def edit() -> None:
+                if size < len(buf):
+                    del buf[size:]
+                else:
+                    buf.extend(b"\0" * (size - len(buf)))
+            return [(call, edit)]
 
         await self.handle_op(op, "ftruncate", change)
 
