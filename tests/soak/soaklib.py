@@ -766,6 +766,11 @@ class Runner:
             self.fail(f"{p}: after {reason} the store holds {_show(got)}, the model "
                       f"allows {_show(want)}" + (f" or {[_show(a) for a in allowed]}"
                                                  if allowed else ""))
+        # handles still open on the live node (after a failed op or at a check; a crash
+        # dropped its own) keep what they show: the node's buffer stays open through it
+        kept = {hid: (model.path_of(hd.fid), bytes(model.pending[hd.fid])
+                      if hd.fid in model.pending else model.files.get(hd.fid))
+                for hid, hd in model.handles.items() if hd.node == k}
         # the model adopts what is there
         for p in [q for q in model.tree if q.startswith(prefix + "/")]:
             del model.tree[p]
@@ -781,10 +786,7 @@ class Runner:
                 model.tree[p] = fid
         for p in [q for q in model.uncertain if owner(q) == k]:
             del model.uncertain[p]
-        for hid in [h for h, hd in model.handles.items() if hd.node == k]:
-            del model.handles[hid]
-        model.pending = {f: c for f, c in model.pending.items()
-                         if any(h.fid == f for h in model.handles.values())}
+        self.keep_handles(kept)
         self.lost_cache_nodes.discard(k)
         await fs.refresh_dir(prefix)
         for p in sorted(model.tree):
@@ -802,6 +804,29 @@ class Runner:
                                       f"{c.manifest_key_size})")
 
     lost_cache_nodes: set[int] = set()
+
+    def keep_handles(self, kept: dict[int, tuple[str | None, bytes | None]]) -> None:
+        """After the model adopted the store's files (new file ids), each kept handle
+        follows its path, and shows what it showed before: a version it wrote that the
+        store does not hold (yet) stays pending there, and a close publishes it."""
+        model = self.model
+        pending = {h.fid: model.pending[h.fid] for hid, h in model.handles.items()
+                   if hid not in kept and h.fid in model.pending}  # of the other nodes
+        for hid, (path, shows) in kept.items():
+            h = model.handles[hid]
+            v = model.tree.get(path) if path is not None else None
+            if path is None or isinstance(v, Dir):
+                del model.handles[hid]  # unlinked while open: nothing names it any more
+                continue
+            if v is None:  # a new file not published yet: the node still has it
+                model.tree[path] = h.fid
+                if h.fid in model.pending:
+                    pending[h.fid] = model.pending[h.fid]
+                continue
+            h.fid = v
+            if shows is not None and shows != model.files[v]:
+                pending[v] = bytearray(shows)
+        model.pending = pending
 
     # ------------------------------------------------------------ file operations
     async def write_all(self, fs: CheckpointFS, fh: int, data: bytes, piece: int) -> None:
