@@ -338,6 +338,12 @@ DIR = Dir()
 Value = bytes | Dir | None
 
 
+#: one call on an open handle (fs, fh)
+Call = Callable[[CheckpointFS, int], Any]
+#: the calls of one change to an open handle, each with the model's edit once it returned
+Steps = list[tuple[Call, Callable[[], None]]]
+
+
 @dataclass
 class Handle:
     node: int
@@ -761,6 +767,11 @@ class Runner:
             self.fail(f"{p}: after {reason} the store holds {_show(got)}, the model "
                       f"allows {_show(want)}" + (f" or {[_show(a) for a in allowed]}"
                                                  if allowed else ""))
+        # handles still open on the live node (after a failed op or at a check; a crash
+        # dropped its own) keep what they show: the node's buffer stays open through it
+        kept = {hid: (model.path_of(hd.fid), bytes(model.pending[hd.fid])
+                      if hd.fid in model.pending else model.files.get(hd.fid))
+                for hid, hd in model.handles.items() if hd.node == k}
         # the model adopts what is there
         for p in [q for q in model.tree if q.startswith(prefix + "/")]:
             del model.tree[p]
@@ -776,10 +787,7 @@ class Runner:
                 model.tree[p] = fid
         for p in [q for q in model.uncertain if owner(q) == k]:
             del model.uncertain[p]
-        for hid in [h for h, hd in model.handles.items() if hd.node == k]:
-            del model.handles[hid]
-        model.pending = {f: c for f, c in model.pending.items()
-                         if any(h.fid == f for h in model.handles.values())}
+        self.keep_handles(kept)
         self.lost_cache_nodes.discard(k)
         await fs.refresh_dir(prefix)
         for p in sorted(model.tree):
@@ -797,6 +805,29 @@ class Runner:
                                       f"{c.manifest_key_size})")
 
     lost_cache_nodes: set[int] = set()
+
+    def keep_handles(self, kept: dict[int, tuple[str | None, bytes | None]]) -> None:
+        """After the model adopted the store's files (new file ids), each kept handle
+        follows its path, and shows what it showed before: a version it wrote that the
+        store does not hold (yet) stays pending there, and a close publishes it."""
+        model = self.model
+        pending = {h.fid: model.pending[h.fid] for hid, h in model.handles.items()
+                   if hid not in kept and h.fid in model.pending}  # of the other nodes
+        for hid, (path, shows) in kept.items():
+            h = model.handles[hid]
+            v = model.tree.get(path) if path is not None else None
+            if path is None or isinstance(v, Dir):
+                del model.handles[hid]  # unlinked while open: nothing names it any more
+                continue
+            if v is None:  # a new file not published yet: the node still has it
+                model.tree[path] = h.fid
+                if h.fid in model.pending:
+                    pending[h.fid] = model.pending[h.fid]
+                continue
+            h.fid = v
+            if shows is not None and shows != model.files[v]:
+                pending[v] = bytearray(shows)
+        model.pending = pending
 
     # ------------------------------------------------------------ file operations
     async def write_all(self, fs: CheckpointFS, fh: int, data: bytes, piece: int) -> None:
@@ -999,54 +1030,84 @@ class Runner:
         return model.pending[h.fid]
 
     async def handle_op(self, op: Op, what: str,
-                        change: Callable[[bytearray], Callable[[CheckpointFS, int], Any]]
-                        ) -> None:
+                        change: Callable[[bytearray], Steps]) -> None:
+        """One change to an open handle: `change` plans its calls on the handle's content,
+        each with the model's edit that follows it once the call has returned. A call
+        that fails with an error leaves the file exactly as it was (writebuffer copies
+        every stored chunk in first), so the model keeps the content from before it."""
         picked = self.pick_handle(op.node, op.a)
         if picked is None:
             return
         hid, h = picked
         node = await self.up(op.node)
+        had_pending = h.fid in self.model.pending
         buf = self.handle_content(h)
-        call = change(buf)
-        async with node.op() as scope:
+        steps = change(buf)
+        done = 0
+        async with node.op():
             try:
-                await call(self.fs(op.node), h.fh)
+                for call, edit in steps:
+                    await call(self.fs(op.node), h.fh)
+                    edit()
+                    done += 1
             except CkptfsError as e:
-                self.fail(f"{what} on h{hid}: {type(e).__name__}: {e}")
-        if scope.cancelled_caught:
-            return
+                if not self.faulty(op.node) and "injected" not in str(e):
+                    self.fail(f"{what} on h{hid}: {type(e).__name__}: {e}")
+                self.trace.append(f"    ! {what} on h{hid} failed after {done} of "
+                                  f"{len(steps)} calls, the file as before: "
+                                  f"{type(e).__name__}: {e}")
+                self.result.faults[f"{what} failed, nothing changed"] += 1
+                shown = self.fs(op.node).handle(h.fh).node.current_size
+                if shown != len(buf):
+                    self.fail(f"{what} on h{hid} failed ({type(e).__name__}), but the file "
+                              f"shows {shown} bytes where it had {len(buf)}")
+        if not done and not had_pending and hid in self.model.handles:
+            # nothing was written through this handle yet: it still holds the published
+            # version, as before
+            self.model.pending.pop(h.fid, None)
 
     async def op_hwrite(self, op: Op) -> None:
         data = content(self.seed, op.c)[:3 * CHUNK]
 
-        def change(buf: bytearray) -> Callable[[CheckpointFS, int], Any]:
+        def change(buf: bytearray) -> Steps:
             where = op.b % 4
             off = len(buf) if where < 2 or not buf else op.b % (len(buf) + 1)
             if len(buf) + len(data) > 8 * CHUNK:
                 off = 0
-            end = off + len(data)
-            if len(buf) < end:
-                buf.extend(b"\0" * (end - len(buf)))
-            buf[off:end] = data
+            # from offset 0 in pieces of 32 KiB (as a checkpoint writer does), else one call
+            piece = 32 * KiB if off == 0 else max(len(data), 1)
+            pieces = [(o, data[o - off:o - off + piece])
+                      for o in range(off, off + len(data), piece)]
+            if not pieces and off:
+                pieces = [(off, b"")]
 
-            async def call(fs: CheckpointFS, fh: int) -> None:
-                await self.write_all(fs, fh, data, 32 * KiB) if off == 0 else \
-                    await fs.write(fh, off, data)
-            return call
+            def step(at: int, part: bytes) -> tuple[Call, Callable[[], None]]:
+                async def call(fs: CheckpointFS, fh: int) -> None:
+                    await fs.write(fh, at, part)
+
+                def edit() -> None:
+                    end = at + len(part)
+                    if len(buf) < end:
+                        buf.extend(b"\0" * (end - len(buf)))
+                    buf[at:end] = part
+                return call, edit
+            return [step(at, part) for at, part in pieces]
 
         await self.handle_op(op, "write", change)
 
     async def op_htrunc(self, op: Op) -> None:
-        def change(buf: bytearray) -> Callable[[CheckpointFS, int], Any]:
+        def change(buf: bytearray) -> Steps:
             size = op.b % (len(buf) + CHUNK + 1)
-            if size < len(buf):
-                del buf[size:]
-            else:
-                buf.extend(b"\0" * (size - len(buf)))
 
             async def call(fs: CheckpointFS, fh: int) -> None:
                 await fs.setattr(fs.handle(fh).node.inode, size=size)
-            return call
+
+            def edit() -> None:
+                if size < len(buf):
+                    del buf[size:]
+                else:
+                    buf.extend(b"\0" * (size - len(buf)))
+            return [(call, edit)]
 
         await self.handle_op(op, "ftruncate", change)
 
