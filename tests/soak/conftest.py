@@ -31,3 +31,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         cases = [(s, CI_OPS) for s in CI_SEEDS]
     metafunc.parametrize("soak_seed,soak_ops", cases,
                          ids=[f"seed{s}x{n}" for s, n in cases])
+
+
+def expected_cost(item: pytest.Item) -> float:
+    """About how long one soak test takes (s): the real mounts, then by operations."""
+    if "real" in item.name:
+        return 1e6
+    spec = getattr(item, "callspec", None)
+    return float(spec.params.get("soak_ops", 0)) if spec is not None else 0.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest soak tests first: with -n, none of them is left to run alone at the
+    end while the other workers idle (the order changes no test)."""
+    soak = [i for i in items if "tests/soak/" in str(i.path).replace("\\", "/")]
+    if not soak:
+        return
+    first = items.index(soak[0])
+    rest = [i for i in items if i not in set(soak)]
+    ordered = sorted(soak, key=expected_cost, reverse=True)
+    items[:] = rest[:first] + ordered + rest[first:]
