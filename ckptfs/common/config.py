@@ -211,6 +211,22 @@ def check_glob(pattern: str, option: str) -> str:
     return pattern
 
 
+def metrics_address(text: str) -> tuple[str, int]:
+    """--metrics-addr [HOST:]PORT as (host, port): a bare PORT or :PORT is 127.0.0.1,
+    an IPv6 host is written in brackets ([::1]:9100); port 0 picks a free one.
+    ConfigError, one line, for anything else."""
+    host, _, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    valid_host = (bracketed or ":" not in host) and not any(
+        c.isspace() or c in "/[]" for c in host)
+    if not (valid_host and port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ConfigError(f"--metrics-addr {text!r} is not [HOST:]PORT (e.g. 9100, "
+                          f"127.0.0.1:9100, 0.0.0.0:9100, [::1]:9100; port 0 picks a free one)")
+    return host or "127.0.0.1", int(port)
+
+
 def default_cache_dir(store_url: str) -> str:
     """A per-user, per-store cache directory: $XDG_CACHE_HOME/ckptfs/<store hash>."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -323,6 +339,10 @@ class MountConfig:
     log_format: str = option("text", "--log-format", "text lines, or json: one object per "
                              "line for log collectors (default {})", kind="choice",
                              choices=("text", "json"))
+    metrics_addr: str | None = option(
+        None, "--metrics-addr", "serve Prometheus metrics on [HOST:]PORT (default {}); a "
+        "bare PORT listens on 127.0.0.1 only, port 0 picks a free one (ckptfs status shows "
+        "it)", metavar="[HOST:]PORT")
 
     @classmethod
     def from_options(cls, store: str, mountpoint: str, given: dict[str, Any],
@@ -359,6 +379,8 @@ class MountConfig:
         if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
             raise ConfigError("--uploads-while-writing must be at least 0")
         trash_seconds(self.trash_hours)
+        if self.metrics_addr is not None:
+            metrics_address(self.metrics_addr)
         self._check_keep()
         if self.storage_class is not None:
             self.storage_class = self.storage_class.upper()

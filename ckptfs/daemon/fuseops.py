@@ -10,6 +10,7 @@ import errno
 import logging
 import os
 import stat
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import wraps
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import pyfuse3
 
 from ckptfs.common import errors
+from ckptfs.common.latency import LatencyTable
 from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.namespace import FileNode, Node
 
@@ -60,34 +62,55 @@ def direct_io(flags: int) -> bool:
     return flags & os.O_ACCMODE == os.O_WRONLY
 
 
+def fuse_error(e: Exception, op: str) -> pyfuse3.FUSEError:
+    """The FUSEError(errno) a request `op` that raised `e` answers; unexpected errors
+    are logged."""
+    if isinstance(e, pyfuse3.FUSEError):
+        return e
+    if isinstance(e, errors.FsError):
+        return pyfuse3.FUSEError(to_errno(e))
+    if isinstance(e, (errors.MissingChunkError, errors.CorruptChunkError)):
+        return pyfuse3.FUSEError(errno.EIO)
+    if isinstance(e, errors.JournalFull):
+        log.error("%s: the cache directory is full (%s)", op, e)
+        return pyfuse3.FUSEError(errno.ENOSPC)
+    if isinstance(e, errors.JournalError):
+        log.error("%s: %s", op, e)
+        return pyfuse3.FUSEError(errno.EIO)
+    if isinstance(e, OSError):
+        if e.errno == errno.ENOSPC:
+            log.error("%s: the cache directory is full: %s", op, e)
+        else:
+            log.exception("%s failed", op)
+        return pyfuse3.FUSEError(to_errno(e))
+    log.exception("%s failed unexpectedly", op)
+    return pyfuse3.FUSEError(errno.EIO)
+
+
 def fuse_errors(fn: F) -> F:
-    """Turn the project's exceptions into FUSEError(errno); log unexpected ones."""
+    """Turn the project's exceptions into FUSEError(errno); log unexpected ones. With
+    metrics on (FuseOps.requests), each request is timed and counted by its name, and
+    its error by errno name."""
+    op = fn.__name__
 
     @wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    async def wrapper(self: FuseOps, *args: Any, **kwargs: Any) -> Any:
+        requests = self.requests
+        start = time.perf_counter() if requests is not None else 0.0
         try:
-            return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except errors.FsError as e:
-            raise pyfuse3.FUSEError(to_errno(e)) from None
-        except (errors.MissingChunkError, errors.CorruptChunkError) as e:
-            raise pyfuse3.FUSEError(errno.EIO) from e
-        except errors.JournalFull as e:
-            log.error("%s: the cache directory is full (%s)", fn.__name__, e)
-            raise pyfuse3.FUSEError(errno.ENOSPC) from None
-        except errors.JournalError as e:
-            log.error("%s: %s", fn.__name__, e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                log.error("%s: the cache directory is full: %s", fn.__name__, e)
-            else:
-                log.exception("%s failed", fn.__name__)
-            raise pyfuse3.FUSEError(to_errno(e)) from None
-        except Exception:
-            log.exception("%s failed unexpectedly", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            result = await fn(self, *args, **kwargs)
+        except Exception as e:
+            error = fuse_error(e, op)
+            if requests is not None:
+                requests.record(op, time.perf_counter() - start,
+                                errno.errorcode.get(error.errno, str(error.errno)))
+            if error is e:
+                raise
+            chunk = isinstance(e, (errors.MissingChunkError, errors.CorruptChunkError))
+            raise error from (e if chunk else None)
+        if requests is not None:
+            requests.record(op, time.perf_counter() - start)
+        return result
 
     return wrapper  # type: ignore[return-value]
 
@@ -97,9 +120,10 @@ class FuseOps(pyfuse3.Operations):
 
     supports_dot_lookup = False
 
-    def __init__(self, fs: CheckpointFS) -> None:
+    def __init__(self, fs: CheckpointFS, requests: LatencyTable | None = None) -> None:
         super().__init__()
         self.fs = fs
+        self.requests = requests  # with metrics on: every request timed (fuse_errors)
         fs.lister.on_gone = self._invalidate_entry
         # open directories: fh -> (inode, snapshot of the entries being read)
         self._dir_handles: dict[int, tuple[int, list[tuple[str, Node]] | None]] = {}

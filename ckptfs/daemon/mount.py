@@ -43,10 +43,12 @@ from ckptfs.common.config import (
 )
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import ConfigError, NotFoundError
+from ckptfs.common.latency import FUSE_BUCKETS, STORE_BUCKETS, LatencyTable
 from ckptfs.daemon import mounts
 from ckptfs.daemon.control import ControlServer
 from ckptfs.daemon.fuseops import FuseOps
 from ckptfs.daemon.locate import mount_refusal
+from ckptfs.daemon.metrics import MetricsServer
 from ckptfs.format import manifests
 from ckptfs.format.chunking import check_chunk_size
 from ckptfs.format.manifests import StoreInfo
@@ -61,6 +63,7 @@ from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.pipeline.uploader import Uploader
 from ckptfs.store import open_store
 from ckptfs.store.base import AsyncStore, Store
+from ckptfs.store.timed import TimedStore
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +272,8 @@ class Parts:
     fs: CheckpointFS
     control: ControlServer
     autoprune: AutoPruner | None
+    metrics: MetricsServer | None  # with --metrics-addr
+    fuse_requests: LatencyTable | None  # with --metrics-addr: FUSE requests timed
 
 
 class Daemon:
@@ -283,6 +288,7 @@ class Daemon:
         self.mounted = False  # the kernel mount is up: pyfuse3.close must unmount it
         self.started = time.time()
         self.flush_scope: trio.CancelScope | None = None  # the final flush, once it runs
+        self.metrics: MetricsServer | None = None  # with --metrics-addr, once built
 
     def run(self) -> int:
         for notice in self.p.notices:  # printed by `ckptfs mount` before the log was open
@@ -301,33 +307,44 @@ class Daemon:
     def build(self) -> Parts:
         """The pipeline, the file system and its helpers, wired together (no task runs yet)."""
         p, cfg = self.p, self.cfg
+        store: Store = p.store
+        store_requests = fuse_requests = None
+        if cfg.metrics_addr is not None:  # every store call timed, in its own thread
+            store_requests = LatencyTable(STORE_BUCKETS)
+            fuse_requests = LatencyTable(FUSE_BUCKETS, one_thread=True)
+            store = TimedStore(p.store, store_requests)
         journal_limiter = trio.CapacityLimiter(1)
-        uploader = Uploader(p.store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
+        uploader = Uploader(store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
                             cfg.uploads_while_writing, codec_name=p.info.codec)
-        fetcher = Fetcher(p.store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
-        publisher = Publisher(p.store, p.journal, journal_limiter,
+        fetcher = Fetcher(store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
+        publisher = Publisher(store, p.journal, journal_limiter,
                               f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache,
                               trash_keep=trash_seconds(cfg.trash_hours), codec_name=p.info.codec)
         meta_limiter = trio.CapacityLimiter(LIMITS.metadata_threads)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
-        fs = CheckpointFS(AsyncStore(p.store, meta_limiter), p.cache, uploader, fetcher,
+        fs = CheckpointFS(AsyncStore(store, meta_limiter), p.cache, uploader, fetcher,
                           publisher, p.info,
                           Options.of(cfg, control_socket_path(cfg.cache_dir)))
         autoprune: AutoPruner | None = None
         if cfg.keep_last is not None:
-            autoprune = AutoPruner(p.store, Policy(cfg.keep_last, cfg.keep_every,
+            autoprune = AutoPruner(store, Policy(cfg.keep_last, cfg.keep_every,
                                                    cfg.keep_pattern or "*"), fs,
                                    trash_keep=trash_seconds(cfg.trash_hours),
                                    node=publisher.node_id)
             publisher.on_applied = autoprune.notify
         damage = p.journal.damage
         if damage is not None:  # checked against the store once the nursery runs
-            fs.journal_check = JournalCheck(p.store, p.journal, journal_limiter, p.cache,
+            fs.journal_check = JournalCheck(store, p.journal, journal_limiter, p.cache,
                                             uploader, publisher, cfg.node_id, damage)
         control = ControlServer(fs.opt.control_socket,
                                 functools.partial(self.status, fs, autoprune),
                                 fs.sync_target, fs.reached, uploader.wait_changed)
-        return Parts(uploader, fetcher, publisher, fs, control, autoprune)
+        metrics = None
+        if cfg.metrics_addr is not None and store_requests is not None and fuse_requests:
+            metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
+                                    __version__, p.store.url)
+        return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
+                     fuse_requests)
 
     async def main(self) -> int:
         parts = self.build()
@@ -337,7 +354,7 @@ class Daemon:
             log.error("%s", problem)
         parts.publisher.load(self.p.journal.pending_ops())
         await fs.list_root()
-        pyfuse3.init(FuseOps(fs), self.cfg.mountpoint, fuse_options(self.cfg))
+        pyfuse3.init(FuseOps(fs, parts.fuse_requests), self.cfg.mountpoint, fuse_options(self.cfg))
         self.fuse_started = self.mounted = True
         unmounted = trio.Event()
         async with trio.open_nursery() as nursery:
@@ -348,6 +365,10 @@ class Daemon:
                 await nursery.start(fs.journal_check.run)
             if parts.autoprune is not None:
                 await nursery.start(parts.autoprune.run)
+            if parts.metrics is not None:
+                await nursery.start(parts.metrics.watch_durable)
+                parts.metrics.start()
+                self.metrics = parts.metrics
             nursery.start_soon(self.on_signals, unmounted)
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, tune_readahead,
                                                  self.cfg.mountpoint))
@@ -357,7 +378,11 @@ class Daemon:
             await pyfuse3.main()  # until unmounted: ckptfs umount, fusermount3 -u, a signal
             unmounted.set()
             self.mounted = False
-            durable = await self.final_flush(parts)
+            try:
+                durable = await self.final_flush(parts)
+            finally:  # a scrape needs trio's loop: the server stops before it ends
+                if parts.metrics is not None:
+                    parts.metrics.stop()
             nursery.cancel_scope.cancel()
         return 0 if durable else 1
 
@@ -403,11 +428,14 @@ class Daemon:
                   endpoint_url=cfg.endpoint_url, mountpoint=cfg.mountpoint,
                   cache_dir=cfg.cache_dir, version=__version__,
                   uptime=round(time.time() - self.started, 1),
+                  metrics_addr=self.metrics.address if self.metrics is not None else None,
                   autoprune=autoprune.statistics() if autoprune is not None else None,
                   files=fs.files_in_flight())
         return st
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.fuse_started:
             pyfuse3.close(unmount=self.mounted)
         self.p.cache.close()

@@ -105,6 +105,7 @@ class CheckpointFS(Reporting):
         self._hash_limiter = trio.CapacityLimiter(LIMITS.hash_threads)
         self._hash_limiter.name = "hash"  # type: ignore[attr-defined]
         self.published_bytes = 0  # logical bytes of the file versions closed here
+        self.written_bytes = 0  # bytes written through the mount
         #: the check after the journal lost committed state (recovery.py), if one is due
         self.journal_check: JournalCheck | None = None
 
@@ -573,6 +574,7 @@ class CheckpointFS(Reporting):
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         node = self.handle(fh).node
         self.uploader.writes.note(len(data))
+        self.written_bytes += len(data)
         if self.cache.dirty_bytes >= self.cache.limit_bytes:
             await self._wait_for_space()
         async with node.lock:

@@ -29,6 +29,7 @@ CONTROL_XATTR = "user.ckptfs.control"
 class MountStatistics:
     """What `ckptfs status --json` prints (docs/OPERATIONS.md explains each field)."""
 
+    written_bytes: int
     dirty_bytes: int
     uploading_bytes: int
     uploaded_bytes: int
@@ -66,6 +67,7 @@ class Reporting:
     table: InodeTable
     journal_check: JournalCheck | None
     published_bytes: int
+    written_bytes: int
     opt: Options
 
     if TYPE_CHECKING:
@@ -151,6 +153,7 @@ class Reporting:
         dirty = self.cache.dirty_bytes
         open_files = self.open_buffers()
         return MountStatistics(
+            written_bytes=self.written_bytes,
             dirty_bytes=dirty,
             uploading_bytes=up.uploading_bytes,
             uploaded_bytes=up.uploaded_bytes,

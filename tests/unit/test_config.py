@@ -185,3 +185,27 @@ def test_bad_fstab_options_are_one_line(text: str, want: str) -> None:
 def test_a_choice_is_checked_however_the_config_is_made() -> None:
     with pytest.raises(ConfigError, match="--log-format yaml: want one of text, json"):
         MountConfig(store="s", mountpoint="/m", log_format="yaml")
+
+
+@pytest.mark.parametrize("text, address", [
+    ("9100", ("127.0.0.1", 9100)), (":9100", ("127.0.0.1", 9100)), ("0", ("127.0.0.1", 0)),
+    ("127.0.0.1:0", ("127.0.0.1", 0)), ("0.0.0.0:9100", ("0.0.0.0", 9100)),
+    ("[::1]:9100", ("::1", 9100)), ("node7.cluster:65535", ("node7.cluster", 65535))])
+def test_metrics_address_is_loopback_unless_a_host_is_given(
+        text: str, address: tuple[str, int]) -> None:
+    assert config.metrics_address(text) == address
+
+
+@pytest.mark.parametrize("text", ["", ":", "x", "host:", "1:65536", "-1", "::1:9100",
+                                  "a b:1", "[::1]", "http://h:1", "１２"])
+def test_a_bad_metrics_address_is_refused_in_one_line(text: str) -> None:
+    with pytest.raises(ConfigError, match="--metrics-addr .* is not \\[HOST:\\]PORT") as e:
+        config.MountConfig("s", "m", metrics_addr=text)
+    assert "\n" not in str(e.value)
+
+
+def test_metrics_address_comes_from_the_environment_and_mount_options() -> None:
+    cfg = config.MountConfig.from_options("s", "m", {}, {"CKPTFS_METRICS_ADDR": ":9100"})
+    assert cfg.metrics_addr == ":9100"
+    assert config.parse_mount_options("metrics_addr=0") == {"metrics_addr": "0"}
+    assert config.MountConfig("s", "m").metrics_addr is None  # off by default
