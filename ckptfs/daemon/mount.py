@@ -38,6 +38,7 @@ from ckptfs.common.config import (
     NEW_STORE_CODEC,
     NEW_STORE_MIN_RECORD,
     MountConfig,
+    check_glob,
     default_cache_dir,
     trash_seconds,
 )
@@ -61,6 +62,7 @@ from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.pipeline.uploader import Uploader
 from ckptfs.store import open_store
 from ckptfs.store.base import AsyncStore, Store
+from ckptfs.tools import inspection
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +328,8 @@ class Daemon:
                                             uploader, publisher, cfg.node_id, damage)
         control = ControlServer(fs.opt.control_socket,
                                 functools.partial(self.status, fs, autoprune),
-                                fs.sync_target, fs.reached, uploader.wait_changed)
+                                fs.sync_target, fs.reached, uploader.wait_changed,
+                                self.latest)
         return Parts(uploader, fetcher, publisher, fs, control, autoprune)
 
     async def main(self) -> int:
@@ -405,6 +408,18 @@ class Daemon:
                   uptime=round(time.time() - self.started, 1),
                   autoprune=autoprune.statistics() if autoprune is not None else None)
         return st
+
+    async def latest(self, dir_path: str, pattern: str) -> str | None:
+        """`ckptfs latest` in the store for the control socket (the Python API's
+        latest_complete): the training process needs no store credentials."""
+        check_glob(pattern, "pattern")
+
+        def damaged(problem: inspection.Problem) -> None:
+            log.warning("latest: skipped, DAMAGED %s", problem.describe())
+
+        return await trio.to_thread.run_sync(
+            functools.partial(inspection.latest, self.p.store, dir_path.strip("/"), pattern,
+                              damaged=damaged))
 
     def close(self) -> None:
         if self.fuse_started:
