@@ -29,16 +29,7 @@ def default_endpoint(url: str) -> str | None:
 
 def mounted_path(arg: str) -> tuple[str, str] | None:
     """(mount point, path inside the filesystem) if `arg` lies in a ckptfs mount, else None."""
-    if "://" in arg:
-        return None
-    real = os.path.realpath(arg)
-    inside = [m.mountpoint for m in mounts.ckptfs_mounts()
-              if real == m.mountpoint or real.startswith(m.mountpoint.rstrip("/") + "/")]
-    if not inside:
-        return None
-    mountpoint = max(inside, key=len)
-    rel = os.path.relpath(real, mountpoint)
-    return mountpoint, "" if rel == "." else rel
+    return None if "://" in arg else mounts.containing(arg)
 
 
 def mount_of(path: str) -> str:

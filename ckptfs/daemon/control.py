@@ -1,9 +1,13 @@
-"""The control socket (<cache>/ctl.sock, mode 0600): status and sync for the CLI.
+"""The control socket (<cache>/ctl.sock, mode 0600): status, sync and latest for the CLI
+and the Python API.
 
-Protocol: the client sends one JSON line {"cmd": "status"} or {"cmd": "sync"}; the server
-answers JSON lines. `status` answers once. `sync` answers a status line every half
-second until everything closed before the request is in the store (later saves do
-not delay it), then {"done": true, ...}.
+Protocol: the client sends one JSON line {"cmd": "status"}, {"cmd": "sync"} or {"cmd":
+"latest", "dir": DIR, "pattern": PATTERN}; the server answers JSON lines. `status`
+answers once. `sync` answers a status line every half second until everything closed
+before the request is in the store (later saves do not delay it), then {"done": true,
+...}. `latest` answers {"latest": PATH or null}: the newest complete checkpoint directory
+under DIR (both relative to the filesystem root), as `ckptfs latest` finds it in the
+store; or {"error": ...}.
 Only the mount's owner (or root) may connect (checked with SO_PEERCRED).
 """
 
@@ -14,10 +18,12 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+
+from ckptfs.daemon.client import request as request  # the client, re-exported
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +31,18 @@ PROGRESS_INTERVAL = 0.5
 
 
 class ControlServer:
-    """Serves status/sync requests in the mount's nursery."""
+    """Serves status/sync/latest requests in the mount's nursery."""
 
     def __init__(self, path: str, status: Callable[[], dict[str, Any]],
                  sync_target: Callable[[], Any], reached: Callable[[Any], bool],
-                 changed: Callable[[], Any]) -> None:
+                 changed: Callable[[], Any],
+                 latest: Callable[[str, str], Awaitable[str | None]]) -> None:
         self.path = path
         self.status = status
         self.sync_target = sync_target  # what is journaled now
         self.reached = reached  # is that target in the store?
         self.changed = changed  # async: returns after the next upload progress
+        self.latest = latest  # async (dir, pattern): the newest complete checkpoint, or None
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if os.path.exists(self.path):
@@ -74,7 +82,8 @@ class ControlServer:
                     await self._send(stream, {"error": "permission denied"})
                     return
                 line = await self._read_line(stream)
-                cmd = json.loads(line).get("cmd")
+                req = json.loads(line)
+                cmd = req.get("cmd")
                 if cmd == "status":
                     await self._send(stream, self.status())
                 elif cmd == "sync":
@@ -84,10 +93,22 @@ class ControlServer:
                         with trio.move_on_after(PROGRESS_INTERVAL):
                             await self.changed()
                     await self._send(stream, {"done": True, "status": self.status()})
+                elif cmd == "latest":
+                    await self._send(stream, await self._latest(req))
                 else:
                     await self._send(stream, {"error": f"unknown command {cmd!r}"})
             except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as e:
                 log.debug("control connection ended: %s", e)
+
+    async def _latest(self, req: dict[str, Any]) -> dict[str, Any]:
+        where, pattern = req.get("dir", ""), req.get("pattern", "*")
+        if not isinstance(where, str) or not isinstance(pattern, str):
+            return {"error": "latest: 'dir' and 'pattern' must be strings"}
+        try:
+            return {"latest": await self.latest(where, pattern)}
+        except Exception as e:  # the store's error, a bad pattern: the client's to report
+            log.warning("latest %r %r: %s", where, pattern, e)
+            return {"error": " ".join(str(e).split()) or type(e).__name__}
 
     @staticmethod
     async def _read_line(stream: trio.SocketStream) -> bytes:
@@ -102,20 +123,3 @@ class ControlServer:
     @staticmethod
     async def _send(stream: trio.SocketStream, obj: dict[str, Any]) -> None:
         await stream.send_all(json.dumps(obj).encode() + b"\n")
-
-
-def request(path: str, cmd: str, timeout: float | None = 10.0):  # type: ignore[no-untyped-def]
-    """Client side (blocking): yield each JSON answer of the daemon to `cmd`."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
-        buf = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                yield json.loads(line)

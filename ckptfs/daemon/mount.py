@@ -38,6 +38,7 @@ from ckptfs.common.config import (
     NEW_STORE_CODEC,
     NEW_STORE_MIN_RECORD,
     MountConfig,
+    check_glob,
     default_cache_dir,
     trash_seconds,
 )
@@ -64,6 +65,7 @@ from ckptfs.pipeline.uploader import Uploader
 from ckptfs.store import open_store
 from ckptfs.store.base import AsyncStore, Store
 from ckptfs.store.timed import TimedStore
+from ckptfs.tools import inspection
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +340,8 @@ class Daemon:
                                             uploader, publisher, cfg.node_id, damage)
         control = ControlServer(fs.opt.control_socket,
                                 functools.partial(self.status, fs, autoprune),
-                                fs.sync_target, fs.reached, uploader.wait_changed)
+                                fs.sync_target, fs.reached, uploader.wait_changed,
+                                self.latest)
         metrics = None
         if cfg.metrics_addr is not None and store_requests is not None and fuse_requests:
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
@@ -432,6 +435,18 @@ class Daemon:
                   autoprune=autoprune.statistics() if autoprune is not None else None,
                   files=fs.files_in_flight())
         return st
+
+    async def latest(self, dir_path: str, pattern: str) -> str | None:
+        """`ckptfs latest` in the store for the control socket (the Python API's
+        latest_complete): the training process needs no store credentials."""
+        check_glob(pattern, "pattern")
+
+        def damaged(problem: inspection.Problem) -> None:
+            log.warning("latest: skipped, DAMAGED %s", problem.describe())
+
+        return await trio.to_thread.run_sync(
+            functools.partial(inspection.latest, self.p.store, dir_path.strip("/"), pattern,
+                              damaged=damaged))
 
     def close(self) -> None:
         if self.metrics is not None:

@@ -57,6 +57,19 @@ def ckptfs_mounts() -> list[MountEntry]:
     return found
 
 
+def containing(path: str) -> tuple[str, str] | None:
+    """(mount point, path inside the filesystem, '' for its root) of the topmost ckptfs
+    mount that `path` (made absolute, symlinks resolved) lies in, else None."""
+    real = os.path.realpath(path)
+    inside = [m.mountpoint for m in ckptfs_mounts()
+              if real == m.mountpoint or real.startswith(m.mountpoint.rstrip("/") + "/")]
+    if not inside:
+        return None
+    mountpoint = max(inside, key=len)
+    rel = os.path.relpath(real, mountpoint)
+    return mountpoint, "" if rel == "." else rel
+
+
 def entry_at(path: str) -> MountEntry | None:
     """The topmost ckptfs mount whose mount point is `path` (made absolute), if any."""
     path = os.path.realpath(path)  # non-strict: a dead mount point resolves as it is
