@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from ckptfs.cli.errors import CliError
@@ -42,7 +43,7 @@ def daemon_gone(path: str) -> str:
 
 
 def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float | None = 10.0
-            ) -> Iterator[Any]:
+            ) -> Generator[Any, None, None]:
     """The daemon's answers to `cmd` (status, sync), one by one; CliError when it cannot
     be reached or refuses."""
     # imported here: the client imports trio (90 ms), which `--help` and the store tools
@@ -56,6 +57,14 @@ def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float |
             yield answer
     except OSError as e:
         raise CliError(f"cannot reach the ckptfs daemon of {mountpoint}: {e}") from None
+
+
+def status_of(mountpoint: str, sock: str | None = None) -> dict[str, Any]:
+    """The daemon's status answer. The request is closed here, not later by the garbage
+    collector: a Ctrl-C that lands while a dropped request closes its socket would be
+    ignored there (`status --watch` would not stop)."""
+    with contextlib.closing(request(mountpoint, "status", sock)) as answers:
+        return dict(next(answers))
 
 
 class SyncTimeout(CliError):

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ckptfs.cli.control import request, sync
+from ckptfs.cli.control import status_of, sync
 from ckptfs.cli.errors import UsageError
 from ckptfs.cli.output import human
 from ckptfs.cli.target import mount_of
@@ -70,7 +70,7 @@ def cmd_status(a: argparse.Namespace) -> int:
         if not a.interval > 0:
             raise UsageError(f"--interval must be more than 0 seconds, not {a.interval:g}")
         return watch(mountpoint, sys.stdout, a.interval, a.json)
-    st = next(request(mountpoint, "status"))
+    st = status_of(mountpoint)
     print(json.dumps(st, indent=1) if a.json else format_status(st))
     return 0
 
@@ -83,7 +83,7 @@ def watch(mountpoint: str, out: TextIO, interval: float, as_json: bool = False) 
     try:
         if as_json or not out.isatty():
             while True:
-                st = next(request(mountpoint, "status"))
+                st = status_of(mountpoint)
                 out.write((json.dumps(st) if as_json else watch_line(st)) + "\n")
                 out.flush()
                 time.sleep(interval)
@@ -92,7 +92,7 @@ def watch(mountpoint: str, out: TextIO, interval: float, as_json: bool = False) 
 
         with Live(console=Console(file=out), auto_refresh=False) as live:
             while True:
-                st = next(request(mountpoint, "status"))
+                st = status_of(mountpoint)
                 live.update(watch_view(st, rates.update(st)), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:

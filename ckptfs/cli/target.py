@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ckptfs.cli.control import request
+from ckptfs.cli.control import status_of
 from ckptfs.cli.errors import CliError, UsageError
 from ckptfs.common.errors import NoEntry
 from ckptfs.daemon import mounts
@@ -137,7 +137,7 @@ def _mounted_target(a: argparse.Namespace, mountpoint: str, path: str) -> Target
     from ckptfs.store import open_store  # opening a store: see the top of this module
 
     try:
-        st = next(request(mountpoint, "status"))
+        st = status_of(mountpoint)
     except CliError as e:
         raise CliError(f"{e}; name the store instead: STORE [PATH]") from None
     store_arg = str(st["store_arg"])

@@ -9,7 +9,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli.control import SyncTimeout, control_socket, request, sync
+from ckptfs.cli.control import SyncTimeout, control_socket, status_of, sync
 from ckptfs.cli.errors import CliError
 from ckptfs.cli.options import add_command
 from ckptfs.cli.target import mount_of
@@ -40,7 +40,7 @@ def cmd_umount(a: argparse.Namespace) -> int:
         raise CliError(f"{a.mountpoint} is a path inside the ckptfs mount {inside}: ckptfs "
                        f"umount {shlex.quote(inside)}")
     sock = control_socket(mountpoint)
-    st = next(request(mountpoint, "status", sock))
+    st = status_of(mountpoint, sock)
     pid, cache_dir = st["pid"], st["cache_dir"]
     start = time.monotonic()
     try:
