@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import logging
 import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +38,12 @@ def main() -> int:
     ap.add_argument("--real", action="store_true",
                     help="drive real FUSE mounts on SeaweedFS instead (tests/soak/real.py)")
     ap.add_argument("--json", help="write the summary here as JSON")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="schedules run at once, each in a process of its own (a schedule "
+                         "mostly waits, so 3 on 2 cores keeps them busy; core level only)")
     args = ap.parse_args()
+    if args.jobs < 1 or (args.real and args.jobs != 1):
+        ap.error("--jobs takes a number from 1 on, and 1 with --real")
     logging.disable(logging.CRITICAL)
     seeds = seed_range(args.seeds)
     tty = sys.stderr.isatty()
@@ -58,15 +65,32 @@ def main() -> int:
     return 1 if failures else 0
 
 
+def results(args: argparse.Namespace, seeds: range, runner: object
+            ) -> Iterator[tuple[int, soaklib.Result]]:
+    """(seed, result) of each schedule, in the order they finish."""
+    if args.real:
+        for seed in seeds:
+            yield seed, runner.run(seed, args.ops, Path(args.workdir) / f"seed{seed}")  # type: ignore[attr-defined]
+        return
+    if args.jobs == 1:
+        for seed in seeds:
+            yield seed, soaklib.run_one(seed, args.ops, Path(args.workdir) / f"seed{seed}")
+        return
+    with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+        running = {pool.submit(soaklib.run_one, seed, args.ops,
+                               Path(args.workdir) / f"seed{seed}"): seed for seed in seeds}
+        try:
+            for done in concurrent.futures.as_completed(running):
+                yield running[done], done.result()
+        finally:
+            for future in running:
+                future.cancel()
+
+
 def run_all(args: argparse.Namespace, seeds: range, tty: bool, started: float,
             faults: Counter[str], kinds: Counter[str], failures: list[dict[str, object]],
             totals: list[int], runner: object) -> None:
-    for i, seed in enumerate(seeds):
-        work = Path(args.workdir) / f"seed{seed}"
-        if args.real:
-            result = runner.run(seed, args.ops, work)  # type: ignore[attr-defined]
-        else:
-            result = soaklib.run_one(seed, args.ops, work)
+    for i, (seed, result) in enumerate(results(args, seeds, runner)):
         totals[0] += 1
         totals[1] += result.done
         ops_done = totals[1]
