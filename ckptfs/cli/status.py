@@ -43,7 +43,15 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"error        {e}")
     if st.get("retrying_since"):
         lines.append(f"retrying     since {time.ctime(st['retrying_since'])}")
+    if st.get("retries"):
+        lines.append(f"retries      {retries_text(st['retries'])}")
     return "\n".join(lines)
+
+
+def retries_text(retries: dict[str, int]) -> str:
+    """"12 (upload 10, metadata 2)": the tries made again, by what."""
+    parts = ", ".join(f"{what} {n}" for what, n in sorted(retries.items(), key=lambda i: -i[1]))
+    return f"{sum(retries.values())} ({parts})"
 
 
 def state_line(st: dict[str, Any]) -> str:
@@ -128,7 +136,8 @@ def watch_line(st: dict[str, Any]) -> str:
             f"{'-' if eta is None else f'{eta:.0f} s'}   uploaded "
             f"{human(st['uploaded_bytes'])}   cache {human(st['cache_bytes'])} of "
             f"{human(st['cache_limit'])}   {'durable' if st['durable'] else 'not durable'}"
-            f"{busiest}" + "".join(f"   error: {e}" for e in st["errors"]))
+            + (f"   retries {sum(st['retries'].values())}" if st.get("retries") else "")
+            + f"{busiest}" + "".join(f"   error: {e}" for e in st["errors"]))
 
 
 def watch_view(st: dict[str, Any], rates: dict[str, float]) -> Any:

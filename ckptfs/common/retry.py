@@ -11,13 +11,18 @@ access denied) are not retried in place. Three uses, one schedule each:
   (PERMANENT_DELAY apart after a permanent error: someone has to fix the cause);
 - a read waiting for a chunk that is not in the store yet: CHUNK_WAIT, until the
   caller's deadline (--missing-chunk-timeout).
+
+Every wait before a new try is counted in RETRIES, by what is retried (the metric
+ckptfs_retries).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -50,6 +55,25 @@ class Backoff:
             n += 1
 
 
+#: tries made again after a failure, by what: "metadata" (one request in place),
+#: "metadata op", "upload", "journal check", "fetch" (a chunk not in the store yet, or a
+#: failed GET); one count per process, read by the metrics endpoint
+RETRIES: Counter[str] = Counter()
+_retries_lock = threading.Lock()
+
+
+def retried(what: str) -> None:
+    """Count one more try of `what` (called from any thread)."""
+    with _retries_lock:
+        RETRIES[what] += 1
+
+
+def retry_counts() -> dict[str, int]:
+    """A copy of RETRIES."""
+    with _retries_lock:
+        return dict(RETRIES)
+
+
 STORE_CALL = Backoff(first=0.1, maximum=2.0, attempts=6)  # ~3 s of waits in all
 BACKGROUND = Backoff(first=0.2, maximum=30.0)
 CHUNK_WAIT = Backoff(first=0.1, maximum=5.0)
@@ -68,6 +92,7 @@ def retrying(fn: Callable[..., T], policy: Backoff = STORE_CALL) -> Callable[...
                     raise
                 log.warning("metadata %s failed (retrying): %s",
                             getattr(fn, "__name__", "call"), e)
+                retried("metadata")
                 time.sleep(delay)
         return fn(*args, **kwargs)
 
@@ -83,5 +108,6 @@ async def retrying_async(fn: Callable[..., Awaitable[T]], *args: object,
         except StoreError as e:
             if e.permanent:
                 raise
+            retried("metadata")
             await trio.sleep(delay)
     return await fn(*args)

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from ckptfs.common.config import metrics_address
 from ckptfs.common.latency import FUSE_BUCKETS, LatencyTable
+from ckptfs.common.retry import retry_counts
 from ckptfs.fs.filesystem import CheckpointFS
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Sample:
     store_errors: dict[tuple[str, str], int]
     fuse_rows: list[Any]
     fuse_errors: dict[tuple[str, str], int]
+    retries: dict[str, int]
 
 
 class MountCollector(Collector):
@@ -85,6 +87,11 @@ class MountCollector(Collector):
                                 "last seen durable (0 while it is)", value=s.since_durable)
         yield GaugeMetricFamily("ckptfs_lost_files", "files that lost data before it reached "
                                 "the store (DATA LOST in ckptfs status)", value=s.lost_files)
+        retries = CounterMetricFamily("ckptfs_retries", "tries made again after a failed "
+                                      "store request, by what was retried", labels=["what"])
+        for what, n in sorted(s.retries.items()):
+            retries.add_metric([what], n)
+        yield retries
         retrying = st["retrying_since"]
         yield GaugeMetricFamily("ckptfs_upload_failing_seconds", "seconds since the first "
                                 "upload failure of the current run of failures (0: none)",
@@ -208,4 +215,5 @@ class MetricsServer:
             lost_files=len(fs.uploader.lost_files()),
             since_durable=round(time.monotonic() - self.last_durable, 3),
             store_rows=self.store_requests.rows(), store_errors=self.store_requests.errors(),
-            fuse_rows=self.fuse_requests.rows(), fuse_errors=self.fuse_requests.errors())
+            fuse_rows=self.fuse_requests.rows(), fuse_errors=self.fuse_requests.errors(),
+            retries=retry_counts())

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ckptfs.common.errors import NoAttribute, NotSupported
+from ckptfs.common.retry import retry_counts
 from ckptfs.fs.names import NAME_MAX
 from ckptfs.fs.namespace import ROOT_INODE, FileNode, InodeTable, Node
 from ckptfs.fs.options import Options
@@ -52,6 +53,7 @@ class MountStatistics:
     errors: list[str]
     problems: list[str]
     retrying_since: float | None
+    retries: dict[str, int]  # tries made again, by what (retry.RETRIES; per process)
     #: why the journal cannot vouch for what is pending, until its check has run
     journal_damage: str | None
     durable: bool
@@ -178,6 +180,7 @@ class Reporting:
             errors=errors,
             problems=problems,
             retrying_since=up.retrying_since,
+            retries=retry_counts(),
             journal_damage=None if self.checked() or self.journal_check is None
             else self.journal_check.damage,
             durable=self.flushed() and not open_files and not problems,

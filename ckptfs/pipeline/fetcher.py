@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import trio
 
 from ckptfs.common.errors import CorruptChunkError, MissingChunkError, NotFoundError, StoreError
-from ckptfs.common.retry import CHUNK_WAIT
+from ckptfs.common.retry import CHUNK_WAIT, retried
 from ckptfs.format import codec, manifests
 from ckptfs.pipeline.cache import LocalCache, file_identity
 from ckptfs.store.base import Store
@@ -147,6 +147,7 @@ class Fetcher:
                     what = "not in the store" if isinstance(e, NotFoundError) else str(e)
                     raise MissingChunkError(
                         f"chunk {chunk_hash} {what} after {self.missing_timeout:g}s") from None
+                retried("fetch")
                 await trio.sleep(min(next(delays), remaining))  # last try at the deadline
 
     def _get_sync(self, chunk_hash: str) -> tuple[int, bool]:

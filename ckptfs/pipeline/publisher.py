@@ -60,7 +60,7 @@ from ckptfs.common.errors import (
     NotFoundError,
     StoreError,
 )
-from ckptfs.common.retry import BACKGROUND, STORE_CALL, retrying
+from ckptfs.common.retry import BACKGROUND, STORE_CALL, retried, retrying
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, RenameIntent
 from ckptfs.pipeline.cache import LocalCache, pread_scratch
@@ -241,6 +241,7 @@ class Publisher:
                             batch[0].path, e)
                 async with self._changed:
                     self._changed.notify_all()
+                retried("metadata op")
                 await trio.sleep(next(delays))
                 continue
             except (CkptfsError, UnicodeError) as e:  # this op can never succeed: drop it

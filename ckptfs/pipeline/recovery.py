@@ -39,7 +39,7 @@ from ckptfs.common.errors import (
     NotFoundError,
     StoreError,
 )
-from ckptfs.common.retry import BACKGROUND
+from ckptfs.common.retry import BACKGROUND, retried
 from ckptfs.format import manifests
 from ckptfs.format.manifests import Manifest
 from ckptfs.pipeline.cache import LocalCache
@@ -109,6 +109,7 @@ class JournalCheck:
                 break
             except StoreError as e:
                 log.warning("the journal check failed (retrying): %s", e)
+                retried("journal check")
                 await trio.sleep(next(delays))
         # a chunk of a file this mount closed during the check is on its way: not lost
         report.lost = [(path, h) for path, h in report.lost

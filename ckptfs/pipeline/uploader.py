@@ -32,7 +32,7 @@ import trio
 from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import JournalError, StoreError, TransientStoreError
-from ckptfs.common.retry import BACKGROUND, PERMANENT_DELAY
+from ckptfs.common.retry import BACKGROUND, PERMANENT_DELAY, retried
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import CONFIRM_WINDOW
 from ckptfs.pipeline.cache import LocalCache, StagingFile, pread_scratch
@@ -437,6 +437,7 @@ class Uploader:
                 await self._notify()
                 wait = PERMANENT_DELAY if error.permanent else next(delays)
                 expect = out.chunk_hash
+                retried("upload")
                 await self._backoff(job, expect, wait)
                 if job.hash is None and job.staging.sealed:
                     return  # the file was closed: its published job uploads the chunk

@@ -7,8 +7,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mounting import MountedStore, Nodes
+from faultproxy import FaultProxy
+from mounting import MountedStore, Nodes, run_cli
 from prometheus_client.parser import text_string_to_metric_families
+from seaweed import SeaweedServer
 from support import random_bytes
 
 MiB = 2**20
@@ -82,4 +84,26 @@ def test_metrics_during_a_save_and_after_sync_match_status(
     assert puts >= 8  # 8 chunks, a manifest
     assert synced["ckptfs_store_request_duration_seconds_bucket",
                   (("kind", "put"), ("le", "+Inf"))] == puts
+    a.umount()
+
+
+def test_retries_and_store_errors_are_counted(proxy: FaultProxy, seaweed: SeaweedServer,
+                                              tmp_path: Path, nodes: Nodes) -> None:
+    """Every chunk PUT answered 503 SlowDown twice (both of botocore's attempts), so ckptfs
+    tries each once more: ckptfs_retries_total{what="upload"} counts them, as status
+    `retries` does, and the errors are counted by kind and class."""
+    a = nodes.mount(f"s3://{seaweed.new_bucket()}/job", tmp_path, "a", "--endpoint-url",
+                    proxy.endpoint, "--chunk-size", "1M", "--metrics-addr", "127.0.0.1:0")
+    addr = a.status()["metrics_addr"]
+    assert ("ckptfs_retries_total", (("what", "upload"),)) not in scrape(addr)
+    proxy.throttle(0.0, lambda m, p: m == "PUT" and "/chunks/" in p, first=2)
+    (a.path / "model.bin").write_bytes(random_bytes(3 * MiB))
+    a.sync()
+    status, samples = stable_pair(a, addr)
+    retried = samples["ckptfs_retries_total", (("what", "upload"),)]
+    assert retried >= 3 and retried == status["retries"]["upload"], status["retries"]
+    failed = samples["ckptfs_store_request_errors_total",
+                     (("error", "TransientStoreError"), ("kind", "put"))]
+    assert failed >= 3
+    assert "retries      " in run_cli("status", str(a.path)).stdout
     a.umount()

@@ -38,7 +38,8 @@ def expected_cost(item: pytest.Item) -> float:
     if "real" in item.name:
         return 1e6
     spec = getattr(item, "callspec", None)
-    return float(spec.params.get("soak_ops", 0)) if spec is not None else 0.0
+    ops = spec.params.get("soak_ops") if spec is not None else None
+    return float(ops) if isinstance(ops, int) else 0.0  # not set: a test --seed skips
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
