@@ -34,6 +34,8 @@ def main() -> int:
     ap.add_argument("--seeds", required=True, help="A..B (both included) or one seed")
     ap.add_argument("--ops", type=int, default=300, help="operations per schedule")
     ap.add_argument("--workdir", default=os.environ.get("TMPDIR", "/tmp") + "/ckptfs-soak")
+    ap.add_argument("--family", default="mixed", choices=sorted(soaklib.FAMILIES),
+                    help="the schedule family (docs/SOAK.md; default mixed)")
     ap.add_argument("--shrink", action="store_true", help="shrink each failing seed")
     ap.add_argument("--real", action="store_true",
                     help="drive real FUSE mounts on SeaweedFS instead (tests/soak/real.py)")
@@ -74,11 +76,13 @@ def results(args: argparse.Namespace, seeds: range, runner: object
         return
     if args.jobs == 1:
         for seed in seeds:
-            yield seed, soaklib.run_one(seed, args.ops, Path(args.workdir) / f"seed{seed}")
+            yield seed, soaklib.run_one(seed, args.ops, Path(args.workdir) / f"seed{seed}",
+                                        family=args.family)
         return
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
         running = {pool.submit(soaklib.run_one, seed, args.ops,
-                               Path(args.workdir) / f"seed{seed}"): seed for seed in seeds}
+                               Path(args.workdir) / f"seed{seed}", family=args.family): seed
+                   for seed in seeds}
         try:
             for done in concurrent.futures.as_completed(running):
                 yield running[done], done.result()
@@ -101,8 +105,8 @@ def run_all(args: argparse.Namespace, seeds: range, tty: bool, started: float,
                                         "failure": result.failure.split("\n")[0]}
             print(f"FAIL seed {seed}: {result.failure}", file=sys.stderr, flush=True)
             if args.shrink and not args.real:
-                short = soaklib.shrink(seed, soaklib.generate(seed, args.ops)[:result.done + 1],
-                                       Path(args.workdir) / "shrink")
+                ops = soaklib.generate(seed, args.ops, family=args.family)[:result.done + 1]
+                short = soaklib.shrink(seed, ops, Path(args.workdir) / "shrink")
                 entry["shrunk"] = [str(op) for op in short]
                 print("  shrunk to:\n" + soaklib.render(short), file=sys.stderr, flush=True)
             failures.append(entry)
@@ -124,7 +128,8 @@ def run_all(args: argparse.Namespace, seeds: range, tty: bool, started: float,
 def summarize(args: argparse.Namespace, schedules: int, ops_done: int, started: float,
               faults: Counter[str], kinds: Counter[str], failures: list[dict[str, object]],
               quiet: bool = False) -> None:
-    summary = {"seeds": args.seeds, "ops_per_schedule": args.ops, "schedules": schedules,
+    summary = {"seeds": args.seeds, "family": args.family, "ops_per_schedule": args.ops,
+               "schedules": schedules,
                "ops": ops_done, "seconds": round(time.monotonic() - started, 1),
                "faults": dict(sorted(faults.items())), "ops_by_kind": dict(sorted(kinds.items())),
                "failures": failures}

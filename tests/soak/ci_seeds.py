@@ -33,6 +33,9 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
     (8025, 216, "harness: the same, later in a schedule"),
 ]
 
+#: (family, seed, ops) of the schedules of other families (soaklib.FAMILIES) CI runs
+FAMILY_SEEDS: list[tuple[str, int, int]] = [("lost_publish", s, 60) for s in (1, 2, 3)]
+
 #: failures the soak found that are not yet fixed nor triaged to the end (docs/SOAK.md,
 #: "Open findings"): a CI schedule that fails with one of these is reported as xfail
 #: (with its seed and schedule) instead of failing the suite; any other failure (fsck

@@ -11,6 +11,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="tests/soak: replay the schedule of this one seed")
     group.addoption("--ops", type=int, default=None,
                     help="tests/soak: operations per schedule (with --seed)")
+    group.addoption("--family", default="mixed",
+                    help="tests/soak: the schedule family of --seed (soaklib.FAMILIES)")
     group.addoption("--shrink", action="store_true", default=False,
                     help="tests/soak: shrink a failing --seed to a short schedule")
 
@@ -18,10 +20,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "soak_seed" not in metafunc.fixturenames:
         return
-    from ci_seeds import CI_OPS, CI_SEEDS, REGRESSION_SEEDS
+    from ci_seeds import CI_OPS, CI_SEEDS, FAMILY_SEEDS, REGRESSION_SEEDS
 
     seed = metafunc.config.getoption("--seed", default=None)
     ops = metafunc.config.getoption("--ops", default=None)
+    family = metafunc.config.getoption("--family", default="mixed")
+    if metafunc.function.__name__ == "test_family_seed":
+        fcases = [] if seed is not None else FAMILY_SEEDS
+        metafunc.parametrize("soak_family,soak_seed,soak_ops", fcases,
+                             ids=[f"{f}-seed{s}x{n}" for f, s, n in fcases])
+        return
+    metafunc.parametrize("soak_family", [family if seed is not None else "mixed"])
     if seed is not None:
         cases = [] if metafunc.function.__name__ == "test_regression_seed" else [
             (seed, ops or CI_OPS)]

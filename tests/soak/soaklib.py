@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import io
@@ -84,18 +85,27 @@ WEIGHTS: dict[str, int] = {
     "trash_empty": 1, "crash": 3, "crash_lose_cache": 1, "restart": 2, "store_faults": 2,
     "outage": 1, "latency": 1, "heal": 2, "clock_jump": 1, "check": 1,
 }
+#: schedule families: kind -> weight. "mixed" is every CI and long-soak schedule;
+#: "lost_publish" adds the W3 sequence as one step (op_lost_publish), which a mixed
+#: schedule only rarely puts together, to show that a publisher that skips its
+#: re-confirmation is caught (docs/SOAK.md)
+FAMILIES: dict[str, dict[str, int]] = {
+    "mixed": WEIGHTS,
+    "lost_publish": {**WEIGHTS, "lost_publish": 12},
+}
 #: the kinds that do not need their node up
 NO_NODE = {"crash", "crash_lose_cache", "restart", "outage", "heal", "clock_jump", "gc",
            "check"}
 FAULT_KINDS = ("crash", "crash_lose_cache", "store_faults", "outage", "latency",
-               "clock_jump")
+               "clock_jump", "lost_publish")
 
 
-def generate(seed: int, n_ops: int, nodes: int = NODES) -> list[Op]:
-    """The schedule of one seed: the same seed always gives the same list."""
+def generate(seed: int, n_ops: int, nodes: int = NODES, family: str = "mixed") -> list[Op]:
+    """The schedule of one seed: the same seed (and family) always gives the same list."""
     rnd = random.Random(seed)
-    kinds = list(WEIGHTS)
-    weights = [WEIGHTS[k] for k in kinds]
+    table = FAMILIES[family]
+    kinds = list(table)
+    weights = [table[k] for k in kinds]
     return [Op(rnd.choices(kinds, weights)[0], rnd.randrange(nodes), rnd.getrandbits(30),
                rnd.getrandbits(30), rnd.getrandbits(30)) for _ in range(n_ops)]
 
@@ -478,6 +488,7 @@ class Result:
     reported_losses: int = 0
     checks: int = 0
     seconds: float = 0.0
+    family: str = "mixed"
 
 
 @contextlib.contextmanager
@@ -1639,6 +1650,29 @@ class Runner:
         self.lost_cache_nodes.add(k)
         self.result.faults["cache dir lost"] += 1
 
+    async def op_lost_publish(self, op: Op) -> None:
+        """The W3 sequence (docs/FORMAT.md) as one step: a save on node k whose manifest
+        PUTs are refused while its chunks upload; k crashes and stays down while gc with
+        no grace frees those chunks (no manifest names them yet); k restarts and replays
+        its journal, and must re-confirm the chunks (upload them again from its cache)
+        before it publishes the manifest. A publisher that skips that leaves a manifest
+        naming freed chunks, which the fresh node's read of every file then fails."""
+        k = op.node
+        node = await self.up(k)
+        assert node.store is not None
+        node.store.refuse_manifests = True
+        await self.op_save(dataclasses.replace(op, b=op.b & ~1))  # a new name (save())
+        fs = self.fs(k) if self.nodes[k].up else None
+        if fs is None:
+            return
+        with trio.move_on_after(SYNC_TIMEOUT):
+            while fs.uploader.pending_count():
+                await trio.sleep(0.02)
+        self.pending_crashes += 1
+        await self.crash_now(k, lose_cache=False)
+        await self.op_gc_quiet(op)
+        await self.restart(k)
+
     async def op_crash_lose_cache(self, op: Op) -> None:
         await self.op_crash(op, lose_cache=True)
 
@@ -1817,15 +1851,16 @@ def scratch(fallback: Path) -> Path:
 
 
 def run_one(seed: int, n_ops: int, workdir: Path, ops: list[Op] | None = None,
-            check_every: int = 0) -> Result:
-    """Run the schedule of `seed` (or `ops`) in `workdir` (emptied first)."""
+            check_every: int = 0, family: str = "mixed") -> Result:
+    """Run the schedule of `seed` in `family` (or `ops`) in `workdir` (emptied first)."""
     workdir = scratch(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    schedule = ops if ops is not None else generate(seed, n_ops)
+    schedule = ops if ops is not None else generate(seed, n_ops, family=family)
     runner = Runner(seed, schedule, workdir, check_every=check_every)
     runner.lost_cache_nodes = set()
     result = trio.run(runner.run)
+    result.family = family
     if result.failure is not None:
         result.failure += "\n  trace:\n" + "\n".join("    " + t for t in runner.trace[-40:])
     else:
@@ -1869,8 +1904,10 @@ def failure_kind(failure: str) -> str:
 
 
 def describe(result: Result, ops: list[Op] | None = None) -> str:
+    family = f" --family {result.family}" if result.family != "mixed" else ""
     text = (f"soak seed {result.seed} failed ({result.done}/{result.ops} ops done; replay: "
-            f"pytest tests/soak --seed {result.seed} --ops {result.ops}):\n{result.failure}")
+            f"pytest tests/soak --seed {result.seed} --ops {result.ops}{family}):\n"
+            f"{result.failure}")
     if ops is not None:
         text += "\n  schedule:\n" + render(ops)
     return text
