@@ -3,30 +3,14 @@ process of its own, against real mounts."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from faultproxy import FaultProxy, chunk_put, never
-from mounting import MountedStore, Nodes
+from mounting import MountedStore, Nodes, training
 from seaweed import SeaweedServer
-
-CHECKOUT = Path(__file__).resolve().parents[2]
-
-
-def training(code: str, timeout: float = 120) -> Any:
-    """Run `code` in a new Python process, as a training script would (the checkout on
-    its path, no store credentials in its environment); what it printed last, as JSON."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AWS_", "CKPTFS_", "AZURE_", "GOOGLE_"))}
-    env["PYTHONPATH"] = str(CHECKOUT)
-    r = subprocess.run([sys.executable, "-c", "import json, sys, ckptfs\n" + code],
-                       capture_output=True, text=True, timeout=timeout, env=env)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.splitlines()[-1])
 
 
 def state_of(path: Path) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from faultproxy import FaultProxy, chunk_put
-from mounting import CKPTFS, Mount, Nodes, is_mounted, run_cli
+from mounting import CKPTFS, Mount, Nodes, is_mounted, run_cli, training
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until
 
@@ -812,7 +812,8 @@ def test_a_chunk_lost_in_the_cache_fails_umount_naming_the_file(
     """The daemon dies before a closed file's chunks are uploaded, and its staged bytes
     are damaged meanwhile. The next mount cannot upload that chunk: status, the log and
     umount must say which file lost data (umount exits 1), at every mount, until the file
-    is rewritten."""
+    is rewritten. A training script's ckptfs.wait_durable on the file or its directory
+    raises DataLostError naming it, and ckptfs.state still says what it can."""
     url = f"s3://{seaweed.new_bucket()}/job"
     a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint,
                     "--chunk-size", "1M")
@@ -832,6 +833,19 @@ def test_a_chunk_lost_in_the_cache_fails_umount_naming_the_file(
     assert not st["durable"], st
     assert any(e.startswith("DATA LOST: step-1/model.pt: chunk ") for e in st["errors"]), st
     assert "step-1/model.pt" in run_cli("status", str(a.path)).stdout
+    raised = training(f"""
+out = []
+for where in ({str(a / "step-1" / "model.pt")!r}, {str(a / "step-1")!r}):
+    try:
+        ckptfs.wait_durable(where, timeout=30)
+    except ckptfs.DataLostError as e:
+        out.append([type(e).__name__, str(e), e.problems])
+print(json.dumps(out))
+""")
+    assert len(raised) == 2, raised
+    for name, message, problems in raised:
+        assert name == "DataLostError" and "data lost" in message and "\n" not in message
+        assert "step-1/model.pt" in message and problems and "DATA LOST" in problems[0]
     r = run_cli("umount", str(a.path), check=False)
     assert r.returncode == 1 and not is_mounted(a.path), r.stderr
     *progress, last = r.stderr.strip().splitlines()

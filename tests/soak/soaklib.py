@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from ckptfs.common.errors import CkptfsError, TransientStoreError
+from ckptfs.common.errors import CkptfsError, MissingChunkError, TransientStoreError
 from ckptfs.daemon.mount import create_store, read_store_info
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest
@@ -52,6 +52,8 @@ GRACE = 2 * WINDOW + 6.0
 #: how long a sync may take before the soak calls it a hang
 SYNC_TIMEOUT = 60.0
 TRASH_KEEP = 3600.0
+#: the cache of one node in five: its open files have chunks uploaded early and freed
+SMALL_CACHE = 8 * CHUNK
 NODES = 3
 log = logging.getLogger("soak")
 
@@ -359,6 +361,10 @@ class Handle:
     node: int
     fh: int
     fid: int
+    #: gc ran while it was open on a node with a small cache: chunks it wrote may have
+    #: been uploaded early, freed from the cache and then deleted by gc (a file kept
+    #: open longer than the grace: an allowed, reported loss, docs/FORMAT.md W2)
+    gc_seen: bool = False
 
 
 @dataclass
@@ -589,7 +595,7 @@ class Runner:
                 self.nursery = nursery
                 self.nodes = [Node(k, self.workdir / f"node{k}", self.store_dir, self.seed,
                                    self.result.faults, nursery,
-                                   cache_size=(8 * CHUNK if (self.seed + k) % 5 == 0
+                                   cache_size=(SMALL_CACHE if (self.seed + k) % 5 == 0
                                                else 1 << 30))
                               for k in range(self.n_nodes)]
                 for k in range(self.n_nodes):
@@ -1065,7 +1071,8 @@ class Runner:
                     edit()
                     done += 1
             except CkptfsError as e:
-                if not self.faulty(op.node) and "injected" not in str(e):
+                freed = h.gc_seen and isinstance(e, MissingChunkError)
+                if not self.faulty(op.node) and "injected" not in str(e) and not freed:
                     self.fail(f"{what} on h{hid}: {type(e).__name__}: {e}")
                 self.trace.append(f"    ! {what} on h{hid} failed after {done} of "
                                   f"{len(steps)} calls, the file as before: "
@@ -1130,11 +1137,13 @@ class Runner:
         model = self.model
         data = model.pending.pop(fid, None)
         path = model.path_of(fid)
-        if data is None or path is None:
+        if data is None:
             return path
-        model.to_trash(path, model.files[fid])
+        if path is not None:
+            model.to_trash(path, model.files[fid])
+            model.note(owner(path), path)
+        # unlinked while open: nothing names it, but its other handles show this version
         model.files[fid] = bytes(data)
-        model.note(owner(path), path)
         return path
 
     async def close_like(self, op: Op, close: bool) -> None:
@@ -1305,12 +1314,22 @@ class Runner:
             try:
                 got = await self.read_path(self.fs(k), path)
             except CkptfsError as e:
-                if self.faulty(k) or path in self.lost_paths(k):
+                if self.faulty(k) or path in self.lost_paths(k) or (
+                        isinstance(e, MissingChunkError) and self.gc_seen(fid)):
                     return
                 self.fail(f"read {path} on its writer n{k}: {type(e).__name__}: {e}")
         if got is not None and got != want:
             self.fail(f"read {path} on n{k}: {_show(got)}, acknowledged {_show(want)}"
                       + _diff(got, want or b""))
+
+    def gc_seen(self, fid: int) -> bool:
+        return any(h.gc_seen for h in self.model.handles.values() if h.fid == fid)
+
+    def note_gc(self) -> None:
+        """gc ran: the handles open on a node with a small cache may lose early chunks."""
+        for h in self.model.handles.values():
+            if self.nodes[h.node].cache_size <= SMALL_CACHE:
+                h.gc_seen = True
 
     def faulty(self, k: int) -> bool:
         store = self.nodes[k].store
@@ -1451,6 +1470,7 @@ class Runner:
         """gc beside writers, with the short test grace."""
         base = LocalStore(self.store_dir)
         try:
+            self.note_gc()
             report = await trio.to_thread.run_sync(gc.collect, base, GRACE)
         except gc.GcError as e:
             self.fail(f"gc: {e}")
@@ -1464,6 +1484,7 @@ class Runner:
         is down stays down: its journaled manifests are confirmed again at its restart."""
         await self.quiesce(stale=True, down_stay_down=True)
         base = LocalStore(self.store_dir)
+        self.note_gc()
         for _ in range(2):
             report = await trio.to_thread.run_sync(gc.collect, base, 0.0)
             self.result.faults["gc: fossilized"] += report.fossilized.count
