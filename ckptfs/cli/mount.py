@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from typing import Any
 
@@ -91,7 +92,7 @@ def mount(store: str, mountpoint: str, given: dict[str, Any]) -> int:
     if cfg.foreground:
         prepared = daemon.prepare(cfg)
         start_log(cfg, None)
-        return daemon.serve(prepared, lambda err: None)
+        return daemon.serve(prepared, notify_systemd)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
@@ -129,6 +130,22 @@ def mount(store: str, mountpoint: str, given: dict[str, Any]) -> int:
         os.waitpid(pid, 0)
         raise CliError(line or "the ckptfs daemon exited before the mount was ready")
     return 0
+
+
+def notify_systemd(err: str | None) -> None:
+    """Tell systemd the mount is ready (a Type=notify service runs `ckptfs mount -f`):
+    READY=1 on $NOTIFY_SOCKET (sd_notify's protocol: one datagram), or the reason it
+    failed as STATUS=. Nothing when the variable is not set."""
+    where = os.environ.get("NOTIFY_SOCKET")
+    if not where:
+        return
+    message = "READY=1\nSTATUS=mounted" if err is None else f"STATUS={err}"
+    address = "\0" + where[1:] if where.startswith("@") else where  # "@": abstract
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(message.encode(), address)
+    except OSError as e:
+        print(f"ckptfs: could not notify systemd at {where}: {e}", file=sys.stderr)
 
 
 def check_mount_store(cfg: MountConfig) -> None:

@@ -325,8 +325,9 @@ class MountConfig:
         None, "--keep-pattern", "auto-prune: shell pattern of checkpoint directory names, "
         "e.g. 'checkpoint-*', 'global_step*', 'step-*' (required with --keep-last)",
         metavar="GLOB")
-    foreground: bool = option(False, "--foreground", "do not daemonize; log to stderr",
-                              kind="flag", short="-f")
+    foreground: bool = option(False, "--foreground", "do not daemonize; log to stderr; "
+                              "tell systemd when mounted if $NOTIFY_SOCKET is set "
+                              "(Type=notify)", kind="flag", short="-f")
     debug: bool = option(False, "--debug", "debug logging (the same as --log-level debug)",
                          kind="flag")
     log_level: str = option("info", "--log-level", "what the daemon logs: debug, info, "

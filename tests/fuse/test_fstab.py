@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import Mount, Nodes, is_mounted, run_cli
+from mounting import CKPTFS, Mount, Nodes, is_mounted, run_cli
 
 #: where mount.fuse3 finds `ckptfs`: mount(8) runs helpers with a fixed PATH
 SYSTEM_CKPTFS = Path("/usr/local/bin/ckptfs")
@@ -75,3 +76,30 @@ def test_a_bad_mount_option_is_one_line(tmp_path: Path) -> None:
     assert "unknown mount option -o cache_dirr" in r.stderr
     assert not is_mounted(tmp_path / "mnt")
     assert not os.listdir(tmp_path / "mnt")
+
+
+def test_foreground_mount_tells_systemd_when_it_is_ready(tmp_path: Path,
+                                                         nodes: Nodes) -> None:
+    """A Type=notify unit: `ckptfs mount -f` sends READY=1 to $NOTIFY_SOCKET once the
+    mount is up (not before), and `ckptfs umount` (ExecStop=) ends the process with 0."""
+    store = tmp_path / "store"
+    store.mkdir()
+    m = Mount(str(store), tmp_path, "a")
+    nodes.append(m)
+    m.path.mkdir(parents=True, exist_ok=True)
+    where = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(where))
+        listener.settimeout(120)
+        env = {**os.environ, "NOTIFY_SOCKET": str(where)}
+        proc = subprocess.Popen([*CKPTFS, "mount", str(store), str(m.path), "-f",
+                                 "--cache-dir", str(m.cache)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        m.pid = proc.pid
+        message = listener.recv(4096).decode()
+    assert message.split("\n")[0] == "READY=1", message
+    assert is_mounted(m.path)
+    (m / "model.pt").write_bytes(b"w" * 100_000)
+    run_cli("umount", str(m.path))
+    assert proc.wait(timeout=120) == 0
+    assert not is_mounted(m.path)
