@@ -1141,9 +1141,10 @@ class Runner:
             return path
         if path is not None:
             model.to_trash(path, model.files[fid])
-            model.note(owner(path), path)
-        # unlinked while open: nothing names it, but its other handles show this version
+        # (unlinked while open: nothing names it, but its other handles show this version)
         model.files[fid] = bytes(data)
+        if path is not None:
+            model.note(owner(path), path)
         return path
 
     async def close_like(self, op: Op, close: bool) -> None:
