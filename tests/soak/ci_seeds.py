@@ -30,7 +30,6 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
                "loss at trash restore"),
     (8084, 46, "harness: an overwrite cut by a crash (and a lost cache) may not have "
                "trashed the old version: trash restore finding nothing is allowed"),
-    (8025, 216, "harness: the same, later in a schedule"),
     (10014, 125, "harness: gc freed chunks that an open file on the small-cache node had "
                  "uploaded early and freed from its cache (a file open longer than the "
                  "grace: allowed, docs/FORMAT.md W2); a later write that needed one failed"),
