@@ -13,7 +13,7 @@ access denied) are not retried in place. Three uses, one schedule each:
   caller's deadline (--missing-chunk-timeout).
 
 Every wait before a new try is counted in RETRIES, by what is retried (the metric
-ckptfs_retries).
+ckptfs_retries_total).
 """
 
 from __future__ import annotations
