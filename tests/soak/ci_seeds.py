@@ -36,6 +36,9 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
     (10075, 289, "harness: closing one of two handles of a file unlinked while open "
                  "publishes the buffer the other handle still shows; the model dropped it"),
     (10238, 75, "harness: as 10014, an ftruncate"),
+    (12053, 168, "harness: a file unlinked while open, its trashed version emptied, then "
+                 "gc: the chunks of the version it opened are gone (docs/SEMANTICS.md)"),
+    (12141, 69, "harness: a crash landing between two calls of one handle op"),
 ]
 
 #: (family, seed, ops) of the schedules of other families (soaklib.FAMILIES) CI runs

@@ -361,9 +361,10 @@ class Handle:
     node: int
     fh: int
     fid: int
-    #: gc ran while it was open on a node with a small cache: chunks it wrote may have
-    #: been uploaded early, freed from the cache and then deleted by gc (a file kept
-    #: open longer than the grace: an allowed, reported loss, docs/FORMAT.md W2)
+    #: gc ran while it was open on a node with a small cache (chunks it wrote may have
+    #: been uploaded early, freed from the cache and then deleted by gc: a file kept
+    #: open longer than the grace, an allowed and reported loss, docs/FORMAT.md W2), or
+    #: while its file was unlinked (the version it opened may be gone with the trash)
     gc_seen: bool = False
 
 
@@ -1064,10 +1065,11 @@ class Runner:
         buf = self.handle_content(h)
         steps = change(buf)
         done = 0
+        fs = self.fs(op.node)  # a crash landing between two calls cancels the next one
         async with node.op():
             try:
                 for call, edit in steps:
-                    await call(self.fs(op.node), h.fh)
+                    await call(fs, h.fh)
                     edit()
                     done += 1
             except CkptfsError as e:
@@ -1078,7 +1080,7 @@ class Runner:
                                   f"{len(steps)} calls, the file as before: "
                                   f"{type(e).__name__}: {e}")
                 self.result.faults[f"{what} failed, nothing changed"] += 1
-                shown = self.fs(op.node).handle(h.fh).node.current_size
+                shown = fs.handle(h.fh).node.current_size if node.up else len(buf)
                 if shown != len(buf):
                     self.fail(f"{what} on h{hid} failed ({type(e).__name__}), but the file "
                               f"shows {shown} bytes where it had {len(buf)}")
@@ -1327,9 +1329,12 @@ class Runner:
         return any(h.gc_seen for h in self.model.handles.values() if h.fid == fid)
 
     def note_gc(self) -> None:
-        """gc ran: the handles open on a node with a small cache may lose early chunks."""
+        """gc ran: the handles open on a node with a small cache may lose early chunks,
+        and those of a file unlinked while open the chunks of the version they opened
+        once the trash no longer holds it (docs/SEMANTICS.md)."""
         for h in self.model.handles.values():
-            if self.nodes[h.node].cache_size <= SMALL_CACHE:
+            if (self.nodes[h.node].cache_size <= SMALL_CACHE
+                    or self.model.path_of(h.fid) is None):
                 h.gc_seen = True
 
     def faulty(self, k: int) -> bool:
