@@ -231,7 +231,8 @@ def _zstd4_blob(data: bytes) -> bytes:
             + codec._zstd4(data))
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 4 * 1000 + 3, 3 * 1024 * 1024 + 3])
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 4 * 1000 + 3, 3 * 1024 * 1024 + 3,
+                               4 * (2 * codec.INTERLEAVE_BLOCK + 17) + 2])  # a part block
 def test_zstd4_round_trip(n: int) -> None:
     weights = _as_bytes(_fp32_weights(n // 4 + 1))[:n]
     for data in (weights, b"\0" * n, bytes(range(256)) * (n // 256) + bytes(n % 256)):
