@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ckptfs.cli.control import status_of, sync
+from ckptfs.cli.control import control_socket, status_of, sync
 from ckptfs.cli.errors import UsageError
 from ckptfs.cli.output import human
 from ckptfs.cli.target import mount_of
@@ -88,10 +88,13 @@ def watch(mountpoint: str, out: TextIO, interval: float, as_json: bool = False) 
     drawn in place by rich on a terminal, else one line per sample (watch_line, or the
     JSON object with `as_json`)."""
     rates = FileRates()
+    # found once: each sample then goes straight to the socket, with no request through
+    # the mount (whose answer a busy daemon could hold back past a Ctrl-C)
+    sock = control_socket(mountpoint)
     try:
         if as_json or not out.isatty():
             while True:
-                st = status_of(mountpoint)
+                st = status_of(mountpoint, sock)
                 out.write((json.dumps(st) if as_json else watch_line(st)) + "\n")
                 out.flush()
                 time.sleep(interval)
@@ -100,7 +103,7 @@ def watch(mountpoint: str, out: TextIO, interval: float, as_json: bool = False) 
 
         with Live(console=Console(file=out), auto_refresh=False) as live:
             while True:
-                st = status_of(mountpoint)
+                st = status_of(mountpoint, sock)
                 live.update(watch_view(st, rates.update(st)), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:

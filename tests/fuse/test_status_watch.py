@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from mounting import CKPTFS, Nodes
 
@@ -41,6 +42,17 @@ def read_for(fd: int, seconds: float) -> str:
     return out.decode(errors="replace")
 
 
+def stuck(proc: subprocess.Popen[Any]) -> str:
+    """Why a watcher did not exit after SIGINT: where it waits and its signal masks."""
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{proc.pid}/wchan").read_text()
+    except OSError as e:
+        return f"(gone: {e})"
+    masks = [line for line in status if line.startswith(("State", "Sig"))]
+    return f"wchan {wchan!r}; " + "; ".join(masks)
+
+
 def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None:
     store = tmp_path / "store"
     store.mkdir()
@@ -56,7 +68,10 @@ def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None
     try:
         text = read_for(master, 4.0)
         watcher.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        assert watcher.wait(10) == 0
+        try:
+            assert watcher.wait(30) == 0
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit after SIGINT: {stuck(watcher)}") from None
         text += read_for(master, 0.5)
     finally:
         stop.set()
@@ -80,7 +95,12 @@ def test_watch_through_a_pipe_prints_a_line_per_sample(tmp_path: Path, nodes: No
                                text=True)
     time.sleep(1.5)
     watcher.send_signal(signal.SIGINT)
-    out, err = watcher.communicate(timeout=10)
+    try:
+        out, err = watcher.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        why = stuck(watcher)
+        watcher.kill()
+        raise AssertionError(f"no exit after SIGINT: {why}") from None
     assert watcher.returncode == 0 and err == ""
     lines = out.splitlines()
     assert len(lines) >= 3 and all(" rate " in line and "\x1b" not in line for line in lines)
