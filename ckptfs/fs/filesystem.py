@@ -147,6 +147,9 @@ class CheckpointFS(Reporting):
         """A removed node nobody has open: free its local copy (InodeTable.maybe_drop)."""
         if not isinstance(node, FileNode):
             return
+        for st in node.kept:
+            self.cache.let_go(st)
+        node.kept.clear()
         if node.manifest is not None and node.buffer is None:  # a deleted file's local copy
             self.cache.drop_clean_copies({h for h, _ in node.manifest.chunks})
         if forgotten and node.buffer is not None:
@@ -621,6 +624,9 @@ class CheckpointFS(Reporting):
                                replaced=None if old is None or old.is_symlink
                                else old.to_json())
             self.published_bytes += m.size
+        if node.removed:  # unlinked while open: its descriptors' only copy (FileNode.kept)
+            self.cache.hold(buf.staging)
+            node.kept.append(buf.staging)
         buf.published(version, journaled=not node.removed)
         node.buffer = None
         node.publish_error = None

@@ -17,6 +17,7 @@ import trio
 
 from ckptfs.format.manifests import Manifest
 from ckptfs.fs.writebuffer import WriteBuffer
+from ckptfs.pipeline.cache import StagingFile
 
 ROOT_INODE = 1
 
@@ -108,6 +109,9 @@ class FileNode(Node):
     publish_error: str | None = None  # why the last publish at release failed
     damaged: str | None = None  # why its manifest in the store is damaged (listing.py)
     prefetched: Manifest | None = None  # the version an open prefetched whole, if any
+    #: staging files of versions sealed after the file was unlinked: their bytes are
+    #: nowhere else (never uploaded), so they stay until the last descriptor closes
+    kept: list[StagingFile] = field(default_factory=list)
     lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property

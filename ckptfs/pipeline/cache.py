@@ -216,6 +216,15 @@ class LocalCache:
         if entry is not None:
             entry[0].indexed.discard(chunk_hash)
 
+    def hold(self, st: StagingFile) -> None:
+        """Keep a staging file from eviction until let_go (as an unapplied op does)."""
+        st.unpublished += 1
+
+    def let_go(self, st: StagingFile) -> None:
+        st.unpublished -= 1
+        self.release_staging(st)
+        self.evict()
+
     def release_staging(self, st: StagingFile) -> None:
         """Called when a staging file may have become clean: make it evictable, or drop it."""
         if st.writers or st.pending or st.unpublished or st.id not in self.staging:

@@ -79,3 +79,31 @@ def test_a_copy_in_that_fails_leaves_the_file_as_it_was(tmp_path: Path) -> None:
             assert await read_file(fs, "f.bin") == data
 
     run(main)
+
+
+def test_a_file_unlinked_while_open_keeps_its_bytes_after_an_fsync(tmp_path: Path) -> None:
+    """Found by the soak (seed 14770, on its node with the small cache). A file open for
+    writing is unlinked, then fsynced: its version is sealed, but never journaled, so
+    none of its chunks will be uploaded. The staging file holding them was then clean
+    and evictable, and other writes evicted it: the file's own descriptor read and
+    copied in chunks that were nowhere (MissingChunkError). They stay until the last
+    descriptor closes."""
+    data = random_bytes(3 * CHUNK + 7, 14770)
+
+    async def main() -> None:
+        async with core(tmp_path, cache_size=4 * CHUNK, prefetch_window=0) as fs:
+            fh, _ = await fs.create(ROOT, "f.bin", 0o644, os.O_RDWR)
+            await fs.write(fh, 0, data)
+            await fs.unlink(ROOT, "f.bin")
+            await fs.fsync(fh)
+            for i in range(3):  # other files fill the small cache
+                await write_file(fs, f"other{i}.bin", random_bytes(3 * CHUNK, i))
+                await fs.wait_all_flushed()
+            assert await fs.read(fh, 0, len(data) + 1) == data
+            await fs.write(fh, CHUNK + 5, b"y" * 10)  # copies chunk 1 in
+            assert await fs.read(fh, CHUNK, 20) == data[CHUNK:CHUNK + 5] + b"y" * 10 + \
+                data[CHUNK + 15:CHUNK + 20]
+            await fs.release(fh)
+            assert fs.cache.used_bytes <= 4 * CHUNK + CHUNK  # let go once closed
+
+    run(main)

@@ -53,6 +53,12 @@ def stuck(proc: subprocess.Popen[Any]) -> str:
     return f"wchan {wchan!r}; " + "; ".join(masks)
 
 
+def interruptible() -> None:
+    """In the watcher before exec: SIGINT as a terminal's foreground job has it (a test
+    run started in the background, as `cmd &` from a script, inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None:
     store = tmp_path / "store"
     store.mkdir()
@@ -63,7 +69,8 @@ def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None
     master, slave = pty.openpty()
     watcher = subprocess.Popen([*CKPTFS, "status", str(a.path), "--watch", "--interval",
                                 "0.3"], stdin=slave, stdout=slave, stderr=slave,
-                               env={**os.environ, "COLUMNS": "160", "TERM": "xterm"})
+                               env={**os.environ, "COLUMNS": "160", "TERM": "xterm"},
+                               preexec_fn=interruptible)
     os.close(slave)
     try:
         text = read_for(master, 4.0)
@@ -92,7 +99,7 @@ def test_watch_through_a_pipe_prints_a_line_per_sample(tmp_path: Path, nodes: No
     (a / "x.pt").write_bytes(b"x" * 1000)
     watcher = subprocess.Popen([*CKPTFS, "status", str(a.path), "--watch", "--interval",
                                 "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=interruptible)
     time.sleep(1.5)
     watcher.send_signal(signal.SIGINT)
     try:

@@ -39,6 +39,10 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
     (12053, 168, "harness: a file unlinked while open, its trashed version emptied, then "
                  "gc: the chunks of the version it opened are gone (docs/SEMANTICS.md)"),
     (12141, 69, "harness: a crash landing between two calls of one handle op"),
+    (14770, 54, "ckptfs: a file unlinked while open and then fsynced left its only copy "
+                "evictable; the small cache evicted it and the descriptor's reads and "
+                "copy-ins failed (FileNode.kept; tests/core/test_soak_regressions.py::"
+                "test_a_file_unlinked_while_open_keeps_its_bytes_after_an_fsync)"),
 ]
 
 #: (family, seed, ops) of the schedules of other families (soaklib.FAMILIES) CI runs
