@@ -22,7 +22,6 @@ from prometheus_client.registry import Collector
 
 from ckptfs.common.config import metrics_address
 from ckptfs.common.latency import FUSE_BUCKETS, LatencyTable
-from ckptfs.common.retry import retry_counts
 from ckptfs.fs.filesystem import CheckpointFS
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,6 @@ class Sample:
     store_errors: dict[tuple[str, str], int]
     fuse_rows: list[Any]
     fuse_errors: dict[tuple[str, str], int]
-    retries: dict[str, int]
 
 
 class MountCollector(Collector):
@@ -89,7 +87,7 @@ class MountCollector(Collector):
                                 "the store (DATA LOST in ckptfs status)", value=s.lost_files)
         retries = CounterMetricFamily("ckptfs_retries", "tries made again after a failed "
                                       "store request, by what was retried", labels=["what"])
-        for what, n in sorted(s.retries.items()):
+        for what, n in sorted(st["retries"].items()):
             retries.add_metric([what], n)
         yield retries
         retrying = st["retrying_since"]
@@ -215,5 +213,4 @@ class MetricsServer:
             lost_files=len(fs.uploader.lost_files()),
             since_durable=round(time.monotonic() - self.last_durable, 3),
             store_rows=self.store_requests.rows(), store_errors=self.store_requests.errors(),
-            fuse_rows=self.fuse_requests.rows(), fuse_errors=self.fuse_requests.errors(),
-            retries=retry_counts())
+            fuse_rows=self.fuse_requests.rows(), fuse_errors=self.fuse_requests.errors())

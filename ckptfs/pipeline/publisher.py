@@ -162,10 +162,10 @@ class Publisher:
         st = self.cache.staging.get(op.staging_id)
         if st is None:
             return
-        st.unpublished += delta
-        if delta < 0:
-            self.cache.release_staging(st)
-            self.cache.evict()
+        if delta > 0:
+            self.cache.hold(st)
+        else:
+            self.cache.let_go(st)
 
     async def add(self, op: Op, journaled_at: float | None = None,
                   stale: frozenset[str] = frozenset()) -> None:
