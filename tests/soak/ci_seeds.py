@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+#: one schedule: (family, seed, operations)
+Case = tuple[str, int, int]
+
 #: operations per CI schedule
 CI_OPS = 200
 #: the fixed set: 100 schedules
 CI_SEEDS = list(range(1000, 1100))
-#: (seed, ops, what it found): kept forever
+#: schedules one CI test runs at once, each in a process of its own (a schedule mostly
+#: waits on its windows, retries and threads: 3 at once keep 2 cores busy)
+CI_JOBS = 3
+#: (seed, ops, what it found): kept forever (one that is also in the fixed set, with the
+#: same length, runs once)
 REGRESSION_SEEDS: list[tuple[int, int, str]] = [
     (1045, 200, "ckptfs: an early upload finishing after a truncate dropped its chunk "
                 "(IndexError in the upload worker; writebuffer.truncate; "

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
+from collections.abc import Iterator
+
 import pytest
+from ci_seeds import Case
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -17,38 +22,60 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="tests/soak: shrink a failing --seed to a short schedule")
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "soak_seed" not in metafunc.fixturenames:
-        return
-    from ci_seeds import CI_OPS, CI_SEEDS, FAMILY_SEEDS, REGRESSION_SEEDS
+def batches(name: str, cases: list[Case], size: int) -> list[tuple[str, list[Case]]]:
+    """`cases` in groups of `size` (similar lengths together), each with its test id."""
+    cases = sorted(cases, key=lambda c: c[2], reverse=True)
+    out = []
+    for i in range(0, len(cases), size):
+        group = cases[i:i + size]
+        family = group[0][0]
+        ids = ",".join(f"{s}x{n}" for _, s, n in group)
+        out.append((f"{name}-{family}-seeds{ids}", group))
+    return out
 
-    seed = metafunc.config.getoption("--seed", default=None)
-    ops = metafunc.config.getoption("--ops", default=None)
-    family = metafunc.config.getoption("--family", default="mixed")
-    if metafunc.function.__name__ == "test_family_seed":
-        fcases = [] if seed is not None else FAMILY_SEEDS
-        metafunc.parametrize("soak_family,soak_seed,soak_ops", fcases,
-                             ids=[f"{f}-seed{s}x{n}" for f, s, n in fcases])
-        return
-    metafunc.parametrize("soak_family", [family if seed is not None else "mixed"])
+
+def soak_batches(config: pytest.Config) -> list[tuple[str, list[Case]]]:
+    """What CI runs (the fixed set, the regression seeds, the other families), or the
+    one schedule of --seed."""
+    from ci_seeds import CI_JOBS, CI_OPS, CI_SEEDS, FAMILY_SEEDS, REGRESSION_SEEDS
+
+    seed = config.getoption("--seed", default=None)
     if seed is not None:
-        cases = [] if metafunc.function.__name__ == "test_regression_seed" else [
-            (seed, ops or CI_OPS)]
-    elif metafunc.function.__name__ == "test_regression_seed":
-        cases = [(s, n) for s, n, _ in REGRESSION_SEEDS]
-    else:
-        cases = [(s, CI_OPS) for s in CI_SEEDS]
-    metafunc.parametrize("soak_seed,soak_ops", cases,
-                         ids=[f"seed{s}x{n}" for s, n in cases])
+        ops = config.getoption("--ops", default=None) or CI_OPS
+        family = config.getoption("--family", default="mixed")
+        return [(f"replay-{family}-seed{seed}x{ops}", [(family, seed, ops)])]
+    fixed: list[Case] = [("mixed", s, CI_OPS) for s in CI_SEEDS]
+    regression = [("mixed", s, n) for s, n, _ in REGRESSION_SEEDS
+                  if ("mixed", s, n) not in fixed]
+    return (batches("ci", fixed, CI_JOBS) + batches("regression", regression, CI_JOBS)
+            + batches("family", list(FAMILY_SEEDS), CI_JOBS))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "soak_cases" in metafunc.fixturenames:
+        found = soak_batches(metafunc.config)
+        metafunc.parametrize("soak_cases", [c for _, c in found], ids=[i for i, _ in found])
+
+
+@pytest.fixture(scope="session")
+def soak_pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
+    """The processes that run a batch's schedules at once (spawned: a fork of a test
+    process with threads could inherit a held lock)."""
+    from ci_seeds import CI_JOBS
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(CI_JOBS, mp_context=context) as pool:
+        yield pool
 
 
 def expected_cost(item: pytest.Item) -> float:
-    """About how long one soak test takes (s): the real mounts, then by operations."""
+    """About how long one soak test takes: the real mounts first, then by operations
+    (a lost_publish op waits on a crash, gc and replay: as long as ~20 others)."""
     if "real" in item.name:
         return 1e6
     spec = getattr(item, "callspec", None)
-    ops = spec.params.get("soak_ops") if spec is not None else None
-    return float(ops) if isinstance(ops, int) else 0.0  # not set: a test --seed skips
+    cases = spec.params.get("soak_cases") if spec is not None else None
+    return float(max(n * (1 if f == "mixed" else 20) for f, _, n in cases)) if cases else 0.0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

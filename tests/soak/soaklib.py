@@ -1892,6 +1892,8 @@ def run_one(seed: int, n_ops: int, workdir: Path, ops: list[Op] | None = None,
         result.failure += "\n  trace:\n" + "\n".join("    " + t for t in runner.trace[-40:])
     else:
         shutil.rmtree(workdir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            workdir.parent.rmdir()  # the process's tmpfs directory, once empty
     return result
 
 

@@ -2,46 +2,44 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 from pathlib import Path
 
 import pytest
 import soaklib
-from ci_seeds import OPEN_FINDINGS
+from ci_seeds import OPEN_FINDINGS, Case
 
 
-def check(seed: int, ops: int, tmp_path: Path, config: pytest.Config,
-          family: str = "mixed") -> None:
-    result = soaklib.run_one(seed, ops, tmp_path / "soak", family=family)
-    if result.failure is None:
+def test_soak(soak_cases: list[Case], tmp_path: Path, pytestconfig: pytest.Config,
+              soak_pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Each schedule of the batch (the fixed CI set, a regression seed, a lost_publish
+    schedule: the W3 sequence that a publisher skipping its re-confirmation fails) ends
+    with every acknowledged byte where the model says; the batch's schedules run at once
+    in processes of their own (one, with --seed, runs here)."""
+    if len(soak_cases) == 1:
+        family, seed, ops = soak_cases[0]
+        results = [soaklib.run_one(seed, ops, tmp_path / "soak", family=family)]
+    else:
+        results = [f.result() for f in [
+            soak_pool.submit(soaklib.run_one, seed, ops, tmp_path / f"soak-{seed}",
+                             family=family) for family, seed, ops in soak_cases]]
+    failed = [r for r in results if r.failure is not None]
+    if not failed:
         return
-    schedule = soaklib.generate(seed, ops, family=family)[:result.done + 1]
-    text = soaklib.describe(result, schedule)
-    if config.getoption("--shrink", default=False):
-        short = soaklib.shrink(seed, schedule, tmp_path / "shrink")
-        text += f"\n  shrunk to {len(short)} ops:\n" + soaklib.render(short)
-    first = result.failure.split("\n")[0]
-    known = [name for pattern, name in OPEN_FINDINGS if re.search(pattern, first)]
-    if known and config.getoption("--seed", default=None) is None:
-        pytest.xfail(f"open finding {known[0]}: {text}")
-    pytest.fail(text, pytrace=False)
-
-
-def test_soak_seed(soak_family: str, soak_seed: int, soak_ops: int, tmp_path: Path,
-                   pytestconfig: pytest.Config) -> None:
-    check(soak_seed, soak_ops, tmp_path, pytestconfig, soak_family)
-
-
-def test_regression_seed(soak_family: str, soak_seed: int, soak_ops: int, tmp_path: Path,
-                         pytestconfig: pytest.Config) -> None:
-    check(soak_seed, soak_ops, tmp_path, pytestconfig)
-
-
-def test_family_seed(soak_family: str, soak_seed: int, soak_ops: int, tmp_path: Path,
-                     pytestconfig: pytest.Config) -> None:
-    """Schedules of another family (lost_publish: the W3 sequence that a publisher
-    skipping its re-confirmation fails, docs/SOAK.md)."""
-    check(soak_seed, soak_ops, tmp_path, pytestconfig, soak_family)
+    texts, known = [], []
+    for r in failed:
+        schedule = soaklib.generate(r.seed, r.ops, family=r.family)[:r.done + 1]
+        text = soaklib.describe(r, schedule)
+        if pytestconfig.getoption("--shrink", default=False):
+            short = soaklib.shrink(r.seed, schedule, tmp_path / "shrink")
+            text += f"\n  shrunk to {len(short)} ops:\n" + soaklib.render(short)
+        texts.append(text)
+        first = (r.failure or "").split("\n")[0]
+        known += [name for pattern, name in OPEN_FINDINGS if re.search(pattern, first)][:1]
+    if len(known) == len(failed) and pytestconfig.getoption("--seed", default=None) is None:
+        pytest.xfail(f"open finding {', '.join(known)}: " + "\n\n".join(texts))
+    pytest.fail("\n\n".join(texts), pytrace=False)
 
 
 def test_same_seed_same_schedule() -> None:
