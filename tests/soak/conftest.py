@@ -7,7 +7,7 @@ import multiprocessing
 from collections.abc import Iterator
 
 import pytest
-from ci_seeds import Case
+from ci_seeds import CI_JOBS, CI_OPS, CI_SEEDS, FAMILY_SEEDS, REGRESSION_SEEDS, Case
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,8 +37,6 @@ def batches(name: str, cases: list[Case], size: int) -> list[tuple[str, list[Cas
 def soak_batches(config: pytest.Config) -> list[tuple[str, list[Case]]]:
     """What CI runs (the fixed set, the regression seeds, the other families), or the
     one schedule of --seed."""
-    from ci_seeds import CI_JOBS, CI_OPS, CI_SEEDS, FAMILY_SEEDS, REGRESSION_SEEDS
-
     seed = config.getoption("--seed", default=None)
     if seed is not None:
         ops = config.getoption("--ops", default=None) or CI_OPS
@@ -61,8 +59,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def soak_pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
     """The processes that run a batch's schedules at once (spawned: a fork of a test
     process with threads could inherit a held lock)."""
-    from ci_seeds import CI_JOBS
-
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(CI_JOBS, mp_context=context) as pool:
         yield pool
