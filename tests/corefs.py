@@ -33,12 +33,14 @@ ROOT = 1
 async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
                upload_threads: int = 2, publish: bool = True,
                queue_limit: int = LIMITS.upload_queue,
-               prefetch_window: int = Options.prefetch_window) -> AsyncIterator[CheckpointFS]:
+               prefetch_window: int = Options.prefetch_window,
+               trash_keep: float = 0.0) -> AsyncIterator[CheckpointFS]:
     """A CheckpointFS on the store root/store with its cache in root/cache (kept between
     calls, like a remount with the same --cache-dir). upload=False: nothing reaches the
     store's chunks (the upload workers are not started). publish=False: no metadata op
     reaches the store (the publisher is not started, and nothing waits for it).
-    queue_limit: how many jobs the upload queue holds. prefetch_window: Options'."""
+    queue_limit: how many jobs the upload queue holds. prefetch_window: Options'.
+    trash_keep: seconds deleted and replaced versions stay in the trash (0: off)."""
     (root / "store").mkdir(parents=True, exist_ok=True)
     store = LocalStore(root / "store")
     info = read_store_info(store) or create_store(store, CHUNK)
@@ -49,7 +51,8 @@ async def core(root: Path, cache_size: int = 1 << 30, upload: bool = True,
     uploader = Uploader(store, cache, journal, journal_limiter, workers=upload_threads,
                         codec_name=info.codec, queue_limit=queue_limit)
     fetcher = Fetcher(store, cache, workers=2, missing_timeout=1.0)
-    publisher = Publisher(store, journal, journal_limiter, "node-a", cache)
+    publisher = Publisher(store, journal, journal_limiter, "node-a", cache,
+                          trash_keep=trash_keep)
     fs = CheckpointFS(AsyncStore(store, trio.CapacityLimiter(4)), cache, uploader, fetcher,
                       publisher, info,
                       Options(writer_id="node-a", publish_timeout=10.0 if publish else 0.0,
@@ -94,6 +97,15 @@ async def write_file(fs: CheckpointFS, name: str, data: bytes, piece: int = 16 *
         await fs.flush(fh)
         await fs.release(fh)
     return fh
+
+
+async def overwrite(fs: CheckpointFS, name: str, data: bytes, parent: int = ROOT) -> None:
+    """open(O_WRONLY | O_TRUNC) an existing file, write `data`, close: torch.save."""
+    node = await fs.lookup(parent, name)
+    fh, _ = await fs.open(node.inode, os.O_WRONLY | os.O_TRUNC)
+    await fs.write(fh, 0, data)
+    await fs.flush(fh)
+    await fs.release(fh)
 
 
 async def read_file(fs: CheckpointFS, name: str, parent: int = ROOT) -> bytes:

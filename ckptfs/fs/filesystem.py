@@ -238,7 +238,9 @@ class CheckpointFS(Reporting):
         `staging_id`, for a put_file of a version written here, its staging file;
         `stale`, chunks it names that the publisher must confirm before its PUT.
         `replaced`, for a put_file, the manifest of the version it replaces: journaled in
-        the same transaction as a keep_version op after it, which is not waited for.
+        the same transaction as a keep_version op BEFORE it, so that the old version is in
+        the trash before the new one replaces it (never named by neither, which a gc
+        could take as unreferenced while this node is down).
         """
         seq = 0
         try:
@@ -246,15 +248,15 @@ class CheckpointFS(Reporting):
             journaled_at, since = time.time(), time.monotonic()
             records: list[OpRecord] = [(kind, path, path2, body, staging_id)]
             if replaced is not None:
-                records.append(("keep_version", path, None, replaced))
+                records.insert(0, ("keep_version", path, None, replaced))
             seqs = await self.uploader.persist(chunks or [], records, path if chunks else None)
-            seq = seqs[0]
+            seq = seqs[-1]
             crash_point(f"journaled_{kind}")
+            if replaced is not None:
+                await self.publisher.add(Op(seqs[0], "keep_version", path, None, replaced,
+                                            journaled_at), since)
             await self.publisher.add(Op(seq, kind, path, path2, body, journaled_at, staging_id),
                                      since, stale)
-            if replaced is not None:
-                await self.publisher.add(Op(seqs[1], "keep_version", path, None, replaced,
-                                            journaled_at), since)
         finally:
             for dnode, name in changing or ():
                 dnode.recent.end(name, seq)

@@ -13,9 +13,12 @@ Kinds of op (journal.Op):
                                 trash (trash/<batch>/<path>), unless the trash is off
 
 A put_file that replaces a version this node knew is journaled with a keep_version op
-after it, in the same transaction: the old manifest goes to the trash after the new one
-is published, so a close waits for nothing more, and a replay PUTs the journaled bytes
-again (never the store's manifest, which may be the new version by then).
+before it, in the same transaction: the old manifest goes to the trash before the new
+one replaces it, so that some key always names the old version's chunks (a gc while
+this node is down between the two PUTs could otherwise free them), and a replay PUTs
+the journaled bytes again (never the store's manifest, which may be the new version by
+then). A crash between the two leaves the old version in files/ and in the trash: the
+trash copy is one more version to restore, nothing more.
 
 Every op is idempotent, so replaying the journal after a crash (at any point of an op)
 rolls it forward on this node. A directory rename is also recorded in the store

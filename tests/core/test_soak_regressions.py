@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 import trio
-from corefs import CHUNK, ROOT, core, read_file, run, write_file
+from corefs import CHUNK, ROOT, core, overwrite, read_file, run, write_file
+from crafting import read_back
 from support import random_bytes
 
 from ckptfs.common.errors import CkptfsError
+from ckptfs.pipeline.journal import Journal
+from ckptfs.pipeline.publisher import Publisher
 from ckptfs.store.local import LocalStore
+from ckptfs.tools import gc, trash
 
 
 def test_an_early_upload_finishing_after_a_truncate_dropped_its_chunk(
@@ -107,3 +111,44 @@ def test_a_file_unlinked_while_open_keeps_its_bytes_after_an_fsync(tmp_path: Pat
             assert fs.cache.used_bytes <= 4 * CHUNK + CHUNK  # let go once closed
 
     run(main)
+
+
+def test_an_overwrite_cut_by_a_crash_keeps_the_old_version_restorable(tmp_path: Path) -> None:
+    """Found by the soak (seed 17324). A file is saved, then saved over (its old version
+    goes to the trash); the node dies after the first of the overwrite's two metadata
+    PUTs, and gc runs with no grace while it is down. Before the fix the first PUT was
+    the new manifest: the old version was then named by no key, gc freed its chunks,
+    and the replay put into the trash a version that could never be restored. The old
+    version now reaches the trash first, so gc keeps its chunks."""
+    old, new = random_bytes(2 * CHUNK + 1, 17324), random_bytes(CHUNK + 3, 17325)
+    root = tmp_path / "node"
+    store = LocalStore(root / "store")
+
+    async def save_both() -> None:  # the ops are journaled, none is applied
+        async with core(root, publish=False, trash_keep=3600.0) as fs:
+            await write_file(fs, "f", old)
+            await overwrite(fs, "f", new)
+            while fs.uploader.pending_count():
+                await fs.uploader.wait_changed()
+
+    async def replay() -> None:
+        async with core(root, trash_keep=3600.0) as fs:
+            await fs.publisher.wait_empty()
+            assert await read_file(fs, "f") == new
+
+    run(save_both)
+    journal = Journal(str(root / "journal.sqlite"))
+    publisher = Publisher(store, journal, None, "node-a",  # type: ignore[arg-type]
+                          trash_keep=3600.0)
+    ops = journal.pending_ops()
+    assert [op.kind for op in ops].count("put_file") == 2 and len(ops) == 3
+    publisher._apply_sync(ops[:1])  # the first save is in the store
+    journal.remove_ops([ops[0].seq])
+    publisher._apply_sync(ops[1:2])  # the overwrite's first PUT, and then the node dies
+    journal.close()
+    for _ in range(3):  # while it is down: set aside, then freed, what no key names
+        gc.collect(store, 0.0)
+    run(replay)
+    [entry] = trash.entries(store, "f")
+    assert [e.key for e in trash.restore(store, "f", "g").restored] == [entry.key]
+    assert read_back(store, "g") == old and read_back(store, "f") == new

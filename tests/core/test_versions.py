@@ -1,24 +1,22 @@
 """Versions: a publish that replaces a file keeps the replaced manifest in the trash (a
-keep_version op journaled after the put_file), off the close's wait, with one PUT and
-nothing for a new file; a replay PUTs the journaled bytes again. Through a mount:
+keep_version op journaled before the put_file, applied first), with one PUT and nothing
+for a new file; a replay PUTs the journaled bytes again. Through a mount:
 tests/fuse/test_trash_mounted.py."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
 
 import trio
-from corefs import ROOT, core, read_file, run, write_file
+from corefs import core, overwrite, read_file, run, write_file
 from crafting import read_back
 from support import random_bytes
 
 from ckptfs.format import manifests
 from ckptfs.format.manifests import TRASH
 from ckptfs.fs.filesystem import CheckpointFS
-from ckptfs.fs.namespace import FileNode
 from ckptfs.pipeline.journal import Journal, Op
 from ckptfs.pipeline.publisher import Publisher, RetryingStore
 from ckptfs.store.base import Store
@@ -51,15 +49,6 @@ def trashing(fs: CheckpointFS) -> TrashHeld:
     fs.publisher.store = RetryingStore(store)  # type: ignore[assignment]
     fs.publisher.trash_keep = HOUR
     return store
-
-
-async def overwrite(fs: CheckpointFS, name: str, data: bytes) -> None:
-    """open(O_WRONLY | O_TRUNC) an existing file, write `data`, close: torch.save."""
-    node = await fs.lookup(ROOT, name)
-    fh, _ = await fs.open(node.inode, os.O_WRONLY | os.O_TRUNC)
-    await fs.write(fh, 0, data)
-    await fs.flush(fh)
-    await fs.release(fh)
 
 
 def test_an_overwrite_keeps_the_previous_version_in_the_trash(tmp_path: Path) -> None:
@@ -102,26 +91,32 @@ def test_an_overwrite_keeps_the_previous_version_in_the_trash(tmp_path: Path) ->
     assert read_back(store, "latest.pt") == versions[2]
 
 
-def test_a_close_does_not_wait_for_the_trash(tmp_path: Path) -> None:
-    """The replaced manifest goes to the trash after the new one is in the store: a
-    close returns while that PUT is held, and the trash has it once it is let go."""
+def test_the_old_version_is_in_the_trash_before_the_new_one_replaces_it(
+        tmp_path: Path) -> None:
+    """While the trash PUT of the replaced manifest is held, the close waits and the
+    store still holds the old version: no moment where neither key names its chunks (a
+    gc then, with the node down, could free them: the soak's seed 17324)."""
 
     async def body() -> None:
         async with core(tmp_path) as fs:
             store = trashing(fs)
             await write_file(fs, "f", b"one")
+            await fs.wait_all_flushed()
             store.go.clear()
-            start = time.monotonic()
-            with trio.fail_after(5):
+            closed = trio.Event()
+
+            async def save() -> None:
                 await overwrite(fs, "f", b"two")
-            assert time.monotonic() - start < 5
-            node = await fs.lookup(ROOT, "f")
-            assert isinstance(node, FileNode)
-            assert fs.publisher.pending_count == 1  # the keep_version op, held
-            while fs.uploader.pending_count():  # (a manifest may be published before its
-                await fs.uploader.wait_changed()  # chunks are in the store: write-back)
-            assert read_back(store.inner, "f") == b"two"
-            store.go.set()
+                closed.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(save)
+                while not store.trash_puts:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.2)
+                assert not closed.is_set()
+                assert read_back(store.inner, "f") == b"one"
+                store.go.set()
             await fs.publisher.wait_empty()
         [e] = trash.entries(store.inner)
         assert read_back(store.inner, "f") == b"two"
@@ -132,9 +127,9 @@ def test_a_close_does_not_wait_for_the_trash(tmp_path: Path) -> None:
 
 
 def test_a_replay_keeps_the_journaled_version_not_the_store_s(tmp_path: Path) -> None:
-    """A crash after the new manifest was PUT, before the old one reached the trash: the
-    replay of both ops PUTs the journaled old manifest (the store holds the new one by
-    then), under the same key as the first attempt would have."""
+    """A crash after both PUTs, before the journal let go of the ops: the replay PUTs
+    the journaled old manifest (the store holds the new one by then), under the same
+    key as the first attempt did."""
     (tmp_path / "store").mkdir()
     store = LocalStore(tmp_path / "store")
     journal = Journal(str(tmp_path / "journal.sqlite"))
@@ -143,14 +138,14 @@ def test_a_replay_keeps_the_journaled_version_not_the_store_s(tmp_path: Path) ->
     old = manifests.Manifest(size=0, mode=0o100644, mtime_ns=1).to_json()
     new = manifests.Manifest(size=0, mode=0o100644, mtime_ns=2).to_json()
     store.put(manifests.file_key("f"), old)
-    ops = [Op(7, "put_file", "f", body=new, journaled_at=time.time()),
-           Op(8, "keep_version", "f", body=old, journaled_at=time.time())]
-    publisher._apply_sync(ops[:1])  # then the crash
+    ops = [Op(7, "keep_version", "f", body=old, journaled_at=time.time()),
+           Op(8, "put_file", "f", body=new, journaled_at=time.time())]
+    for op in ops:  # then the crash
+        publisher._apply_sync([op])
     for op in ops:  # the replay
         publisher._apply_sync([op])
-    publisher._apply_sync(ops[1:])  # and once more: nothing new
     [key] = [k for k, _ in store.list(TRASH, None).objects]
-    assert key.endswith("-1h-8-node-a/f")
+    assert key.endswith("-1h-7-node-a/f")
     assert store.get(key) == old and store.get(manifests.file_key("f")) == new
     publisher.trash_keep = 0  # the trash off: nothing is kept
     publisher._apply_sync([Op(9, "keep_version", "f", body=old, journaled_at=time.time())])

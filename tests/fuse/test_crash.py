@@ -171,9 +171,9 @@ class Workload:
 # put_file (close or fsync): w0, live, w1, old, new, s0..s3, doomed, w2, w0', live.
 # put_dir: ckpt, stage, scratch. rename_file: new->old, live->live-final.
 # Ops applied in order (op_applied): ckpt, w0, live, w1, old, new, new->old, stage, s0,
-# s1 (10), ..., w0' (18), the version of w0 it replaced kept in the trash (19: a
-# keep_version op), mkdir scratch (20), rmdir scratch (21), the close of live (22) and
-# the fsynced version of live it replaced (23).
+# s1 (10), ..., the version of w0 that w0' replaces kept in the trash (18: a keep_version
+# op, applied before its put_file), w0' (19), mkdir scratch (20), rmdir scratch (21), the
+# fsynced version of live kept in the trash (22) and the close of live (23).
 def workload(w: Workload, close_live: bool) -> None:
     """A checkpoint save with every kind of acknowledged call; raises Died."""
     w.mkdir("ckpt")

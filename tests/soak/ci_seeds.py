@@ -50,6 +50,11 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
                 "evictable; the small cache evicted it and the descriptor's reads and "
                 "copy-ins failed (FileNode.kept; tests/core/test_soak_regressions.py::"
                 "test_a_file_unlinked_while_open_keeps_its_bytes_after_an_fsync)"),
+    (17324, 300, "ckptfs: an overwrite published its new manifest before the old one "
+                 "reached the trash; a node killed between the two and down while gc ran "
+                 "came back to trash a version whose chunks were freed (keep_version now "
+                 "first; tests/core/test_soak_regressions.py::"
+                 "test_an_overwrite_cut_by_a_crash_keeps_the_old_version_restorable)"),
 ]
 
 #: (family, seed, ops) of the schedules of other families (soaklib.FAMILIES) CI runs
