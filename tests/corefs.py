@@ -114,6 +114,6 @@ async def read_file(fs: CheckpointFS, name: str, parent: int = ROOT) -> bytes:
     assert isinstance(node, FileNode)
     fh, _ = await fs.open(node.inode, os.O_RDONLY)
     try:
-        return await fs.read(fh, 0, node.size + 1)
+        return bytes(await fs.read(fh, 0, node.size + 1))
     finally:
         await fs.release(fh)

@@ -275,8 +275,9 @@ class FuseOps(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, direct_io=direct_io(flags)), self._looked_up(node)
 
     @fuse_errors
-    async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self.fs.read(fh, off, size)
+    async def read(self, fh: int, off: int, size: int  # type: ignore[override]
+                   ) -> bytes | memoryview:
+        return await self.fs.read(fh, off, size)  # a view: pyfuse3 takes any buffer
 
     @fuse_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -555,7 +555,7 @@ class CheckpointFS(Reporting):
 
     # ===================================================================== write path
     async def _new_buffer(self, node: FileNode, base: Manifest | None) -> WriteBuffer:
-        async def read_chunk(chunk_hash: str, offset: int, length: int) -> bytes:
+        async def read_chunk(chunk_hash: str, offset: int, length: int) -> bytes | memoryview:
             return await self._read_chunk(node, chunk_hash, offset, length)
 
         return await WriteBuffer.create(self.cache, self.new_cutter, self.uploader, read_chunk,
@@ -635,7 +635,7 @@ class CheckpointFS(Reporting):
         node.set_manifest(m)  # unlinked while open: still readable through its fds
 
     # ===================================================================== read path
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         node = self.handle(fh).node
         buf = node.buffer
         end = min(offset + size, node.current_size)
@@ -682,7 +682,7 @@ class CheckpointFS(Reporting):
         handle.ahead, handle.ahead_of = (lo, hi), m
 
     async def _read_chunk(self, node: FileNode, chunk_hash: str, offset: int,
-                          length: int) -> bytes:
+                          length: int) -> bytes | memoryview:
         """fetcher.read, with the one log line that names the file and its writer."""
         try:
             return await self.fetcher.read(chunk_hash, offset, length)

@@ -41,9 +41,8 @@ from ckptfs.pipeline.cache import LocalCache, StagingFile, pread_scratch
 from ckptfs.pipeline.journal import PendingChunk
 from ckptfs.pipeline.uploader import Uploader, UploadJob
 
-#: (fd, offset) where a stored chunk's raw bytes can be read locally, fetching it if needed
 #: read_chunk(hash, offset, length): bytes of a stored chunk (fetched first if need be)
-ReadChunk = Callable[[str, int, int], Awaitable[bytes]]
+ReadChunk = Callable[[str, int, int], Awaitable[bytes | memoryview]]
 #: a new cutter of the store's kind (formats.new_cutter with the store's settings)
 NewCutter = Callable[[], Cutter]
 
@@ -339,7 +338,7 @@ class WriteBuffer:
     # -- reading --------------------------------------------------------------------------
     async def read(self, offset: int, end: int) -> bytes:
         """Bytes [offset, end) of this version (end <= size)."""
-        parts = []
+        parts: list[bytes | memoryview] = []
         pos = offset
         while pos < end:
             i = self.layout.index(pos)

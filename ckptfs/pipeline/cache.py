@@ -29,8 +29,11 @@ import ctypes.util
 import logging
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ckptfs.format import codec
 from ckptfs.format.chunking import MAX_CHUNK_SIZE
@@ -97,11 +100,31 @@ class StagingFile:
 
 
 @dataclass(eq=False)
+class DecodeBuffer:
+    """Memory a fetched chunk is decoded into (LocalCache.memory_buffer), lent out as
+    views by reads and reused for a later chunk only once none of them is alive: a read
+    hands pyfuse3 a view, not a copy, and the kernel copies from it after read() returns
+    (or a read over two chunks joins it with the next part, after an await)."""
+
+    array: np.ndarray
+    views: list[weakref.ref[np.ndarray]] = field(default_factory=list)
+
+    def view(self, start: int, stop: int) -> memoryview:
+        part = self.array[start:stop]
+        self.views.append(weakref.ref(part))
+        return part.data
+
+    def in_use(self) -> bool:
+        self.views = [v for v in self.views if v() is not None]
+        return bool(self.views)
+
+
+@dataclass(eq=False)
 class Held:
     """A fetched chunk in memory (LocalCache.put_in_memory)."""
 
-    data: codec.Buffer  # its verified raw bytes
-    buffer: codec.WritableBuffer | None  # the reusable memory under `data`, if any
+    data: codec.Buffer  # its verified raw bytes, which never change while held
+    buffer: DecodeBuffer | None  # the reusable memory under `data`, if any
     unread: int  # bytes still to read before it is dropped
 
 
@@ -130,7 +153,7 @@ class LocalCache:
         self._memory: OrderedDict[str, Held] = OrderedDict()
         self.memory_bytes = 0
         self._spilling: set[str] = set()
-        self._buffers: list[codec.WritableBuffer] = []  # of dropped chunks, for the next decodes
+        self._buffers: list[DecodeBuffer] = []  # of dropped chunks, for the next decodes
         # hash -> (object file of a local store, offset, file_identity when verified)
         self._in_place: dict[str, tuple[str, int, tuple[int, int, int, int]]] = {}
         self._clean_staging: OrderedDict[int, None] = OrderedDict()  # LRU of evictable ones
@@ -261,13 +284,15 @@ class LocalCache:
             log.warning("could not remove staging file %s: %s", st.path, e)
 
     # -- lookups -----------------------------------------------------------------------
-    def read(self, chunk_hash: str, offset: int, length: int) -> bytes | None:
+    def read(self, chunk_hash: str, offset: int, length: int) -> bytes | memoryview | None:
         """Up to `length` bytes at `offset` of the chunk's raw bytes, or None if this node
         does not hold it (fetch it, then ask again). Short only past the chunk's end."""
         with self._lock:
             held = self._memory.get(chunk_hash)
-            if held is not None:
-                out = bytes(memoryview(held.data)[offset:offset + length])
+            if held is not None:  # a view, not a copy (DecodeBuffer)
+                end = min(offset + length, len(held.data))
+                out = (memoryview(held.data)[offset:end] if held.buffer is None
+                       else held.buffer.view(offset, end))
                 held.unread -= len(out)
                 if held.unread <= 0 and chunk_hash not in self._spilling:
                     self._drop_held(chunk_hash)
@@ -357,27 +382,28 @@ class LocalCache:
             self._cached[chunk_hash] = len(data)
             self._unverified.discard(chunk_hash)
 
-    def memory_buffer(self, size: int) -> codec.WritableBuffer:
+    def memory_buffer(self, size: int) -> DecodeBuffer:
         """A buffer of at least `size` bytes to decode a chunk into for put_in_memory: one
-        of a dropped chunk if there is one (fresh memory costs page faults), else new."""
+        of a dropped chunk that no read still views, if there is one (fresh memory costs
+        page faults), else new (its pages faulted in by the decode, GIL released)."""
         with self._lock:
             for i, buf in enumerate(self._buffers):
-                if len(buf) >= size:
+                if len(buf.array) >= size and not buf.in_use():
                     return self._buffers.pop(i)
-        return codec.new_buffer(size)
+        return DecodeBuffer(np.empty(size, np.uint8))
 
-    def recycle(self, buf: codec.WritableBuffer | None) -> None:
+    def recycle(self, buf: DecodeBuffer | None) -> None:
         """Give back a buffer from memory_buffer() that holds nothing any more."""
         with self._lock:
             self._give_back(buf)
 
-    def _give_back(self, buf: codec.WritableBuffer | None) -> None:
+    def _give_back(self, buf: DecodeBuffer | None) -> None:
         """(with _lock held) keep at most 8 buffers for the next decodes"""
         if buf is not None and len(self._buffers) < 8:
             self._buffers.append(buf)
 
     def put_in_memory(self, chunk_hash: str, data: codec.Buffer,
-                      buffer: codec.WritableBuffer | None = None) -> None:
+                      buffer: DecodeBuffer | None = None) -> None:
         """Hold a verified chunk in memory until it has been read once (`data`, which
         must not change, is a view of `buffer` when it came from memory_buffer()). While
         more than memory_limit bytes are held, the least recently used ones are written

@@ -20,7 +20,7 @@ import trio
 from ckptfs.common.errors import CorruptChunkError, MissingChunkError, NotFoundError, StoreError
 from ckptfs.common.retry import CHUNK_WAIT, retried
 from ckptfs.format import codec, manifests
-from ckptfs.pipeline.cache import LocalCache, file_identity
+from ckptfs.pipeline.cache import DecodeBuffer, LocalCache, file_identity
 from ckptfs.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Fetcher:
             task_status.started()
             await trio.sleep_forever()
 
-    async def read(self, chunk_hash: str, offset: int, length: int) -> bytes:
+    async def read(self, chunk_hash: str, offset: int, length: int) -> bytes | memoryview:
         """Up to `length` bytes at `offset` of the chunk's raw bytes (short only past its
         end), fetching the chunk first if this node does not hold it."""
         while True:
@@ -174,11 +174,11 @@ class Fetcher:
         try:
             if self.cache.memory_limit and not (path is not None and codec.is_raw(blob)):
                 # served from memory: decoded into a reused buffer (a raw chunk: the GET's)
-                taken: list[codec.WritableBuffer] = []
+                taken: list[DecodeBuffer] = []
 
                 def take(size: int) -> codec.WritableBuffer:
                     taken.append(self.cache.memory_buffer(size))
-                    return taken[-1]
+                    return taken[-1].array.data
 
                 try:
                     data = codec.decode_into(blob, chunk_hash, take)

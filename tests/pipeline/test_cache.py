@@ -177,3 +177,26 @@ def test_cache_scan_at_startup(tmp_path: Path) -> None:
         assert cache.has(h_new)
     finally:
         cache.close()
+
+
+def test_a_read_from_memory_is_a_view_whose_buffer_is_not_reused_while_it_lives(
+        tmp_path: Path) -> None:
+    """A chunk decoded into a reused buffer is read as views (no copy in the FUSE thread);
+    once read to the end it is dropped and its buffer given back, but a decode gets it
+    again only when no view of it is alive: pyfuse3 copies from the view after read()
+    returns, and a read over two chunks holds the first part across an await."""
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30, memory_bytes=1 << 20)
+    buf = cache.memory_buffer(1000)
+    buf.array[:1000] = 7
+    cache.put_in_memory(fake_hash(1), buf.array.data[:1000], buf)
+    first = cache.read(fake_hash(1), 0, 600)
+    last = cache.read(fake_hash(1), 600, 600)  # the end: dropped, its buffer given back
+    assert isinstance(first, memoryview) and isinstance(last, memoryview)
+    assert bytes(first) + bytes(last) == bytes([7]) * 1000
+    assert cache.read(fake_hash(1), 0, 10) is None  # read once: no longer held
+    other = cache.memory_buffer(1000)
+    assert other is not buf  # `first` and `last` still view it
+    other.array[:] = 9
+    assert bytes(last) == bytes([7]) * 400
+    del first, last
+    assert cache.memory_buffer(1000) is buf  # no view left: reused

@@ -35,7 +35,7 @@ async def with_fetcher(store: FaultyStore, cache: LocalCache,
 
 
 async def read_chunk(f: Fetcher, h: str, length: int) -> bytes:
-    return await f.read(h, 0, length)
+    return bytes(await f.read(h, 0, length))
 
 
 def test_fetcher_reads_raw_chunks_of_a_local_store_in_place(
