@@ -55,6 +55,8 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
                  "came back to trash a version whose chunks were freed (keep_version now "
                  "first; tests/core/test_soak_regressions.py::"
                  "test_an_overwrite_cut_by_a_crash_keeps_the_old_version_restorable)"),
+    (18641, 141, "harness: a read on a restarted writer failed in an outage window that "
+                 "had ended by the time the harness asked whether the store was failing"),
 ]
 
 #: (family, seed, ops) of the schedules of other families (soaklib.FAMILIES) CI runs

@@ -1302,7 +1302,9 @@ class Runner:
 
     async def op_read(self, op: Op) -> None:
         """Read back a file on its own node: exactly what was acknowledged (or, while
-        it is open for writing there, the latest writes)."""
+        it is open for writing there, the latest writes). An error only while the store
+        fails: after a restart the node holds only what is not uploaded, and fetches the
+        rest."""
         k = op.node
         path = self.pick(self.files_of(k), op.a)
         if path is None:
@@ -1313,11 +1315,12 @@ class Runner:
             self.model.files[fid]
         node = await self.up(k)
         got: bytes | None = None
+        start = time.monotonic()
         async with node.op():
             try:
                 got = await self.read_path(self.fs(k), path)
             except CkptfsError as e:
-                if self.faulty(k) or path in self.lost_paths(k) or (
+                if self.faulty(k, start) or path in self.lost_paths(k) or (
                         isinstance(e, MissingChunkError) and self.gc_seen(fid)):
                     return
                 self.fail(f"read {path} on its writer n{k}: {type(e).__name__}: {e}")
@@ -1337,13 +1340,16 @@ class Runner:
                     or self.model.path_of(h.fid) is None):
                 h.gc_seen = True
 
-    def faulty(self, k: int) -> bool:
+    def faulty(self, k: int, since: float | None = None) -> bool:
+        """Whether node k's store fails calls now, or had an outage at any moment since
+        `since` (time.monotonic() at the start of the op: a window can end between a
+        call failing in it and this check)."""
         store = self.nodes[k].store
         return store is not None and (store._fail_rates or store.outage_until
                                       or store.timeout_rate or store._latency
                                       or store._failures) != 0 and bool(
             store._fail_rates or store.timeout_rate or store._failures
-            or time.monotonic() < store.outage_until)
+            or (time.monotonic() if since is None else since) < store.outage_until)
 
     def lost_paths(self, k: int) -> set[str]:
         fs = self.nodes[k].fs
