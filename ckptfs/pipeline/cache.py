@@ -10,7 +10,8 @@ Every chunk this node can read without the network is in `read()`'s index: a reg
 a staging file, a fetched chunk in memory (`put_in_memory`), a read-cache file, or, for a
 raw chunk of a local-directory store, a region of the store's own object file, read in
 place once verified (`put_in_place`). A fetched chunk is held in memory until it has been
-read once, all of it, and is then dropped, its buffer decoding a later one: a restore,
+read once, all of it, and is then dropped, its buffer decoding a later one once no read
+still holds a view of it (reads are views, not copies: DecodeBuffer): a restore,
 which reads each chunk once, writes nothing to the cache disk (the kernel's page cache of
 the mounted file serves a second reader). Only chunks pushed out of that bounded memory
 unread go to the read cache on disk.
