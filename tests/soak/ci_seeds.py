@@ -57,6 +57,9 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
                  "test_an_overwrite_cut_by_a_crash_keeps_the_old_version_restorable)"),
     (18641, 141, "harness: a read on a restarted writer failed in an outage window that "
                  "had ended by the time the harness asked whether the store was failing"),
+    (21039, 208, "harness: a version put back by trash restore (straight into the store) "
+                 "was not in its node's history, so after that node lost its cache with "
+                 "its later ops on the file unapplied, the store's copy looked unknown"),
 ]
 
 #: (family, seed, ops) of the schedules of other families (soaklib.FAMILIES) CI runs

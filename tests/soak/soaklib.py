@@ -1558,6 +1558,7 @@ class Runner:
             if e.is_dir:
                 if e.path not in model.tree:
                     model.tree[e.path] = DIR
+                    model.note(k, e.path)
                 continue
             m = Manifest.from_json(base.get(manifests.file_key(e.path)))
             versions = model.trash.get(e.path, [])
@@ -1587,7 +1588,9 @@ class Runner:
             parts = e.path.split("/")
             for i in range(1, len(parts)):
                 model.tree.setdefault("/".join(parts[:i]), DIR)
-            model.ever.setdefault(e.path, set()).add(digest(data))
+            # in the store at once, not through the node: a version its lost cache
+            # directory cannot take back (the node's later ops on it can be lost)
+            model.note(k, e.path)
         for e, why in result.skipped:
             if e.path == path:
                 self.fail(f"trash restore {path} skipped it: {why}")
