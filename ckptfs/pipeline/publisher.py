@@ -9,8 +9,9 @@ Kinds of op (journal.Op):
     rename_file path -> path2   copy the manifest, then delete the old key
     rename_dir  path -> path2   PUT an intent record, copy every key under files/<path>/,
                                 delete the old keys, delete the intent record
-    keep_version path, body     PUT the manifest a put_file just replaced (body) into the
-                                trash (trash/<batch>/<path>), unless the trash is off
+    keep_version path, body     PUT the manifest the put_file after it replaces (body)
+                                into the trash (trash/<batch>/<path>), unless the trash
+                                is off
 
 A put_file that replaces a version this node knew is journaled with a keep_version op
 before it, in the same transaction: the old manifest goes to the trash before the new
