@@ -1,0 +1,143 @@
+"""Benchmark: the parts of a save and a restore that docs/PERFORMANCE.md and OPERATIONS.md
+quote apart from scripts/bench.py.
+
+  overwrite  the close of an overwrite (torch.save over latest.pt) in the core tier on a
+             directory store, with the trash on (one PUT more: the replaced manifest)
+             and off; medians per run, then the median of the runs
+  mount      `ckptfs mount` on SeaweedFS (started here on 127.0.0.1) until the mount
+             point answers, empty cache each time
+  get        16 MiB GETs from SeaweedFS through the S3 store, 1 and 8 threads at once:
+             throughput and this process's CPU per GiB
+
+    .venv/bin/python scripts/bench_parts.py overwrite --runs 5
+    .venv/bin/python scripts/bench_parts.py mount --runs 6
+    .venv/bin/python scripts/bench_parts.py get
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+from seaweed import SeaweedServer  # noqa: E402 - tests/ holds the server fixture
+
+CKPTFS = str(Path(sys.executable).with_name("ckptfs"))
+
+
+def overwrite(runs: int) -> None:
+    import trio
+    from corefs import core, overwrite, write_file
+    from support import random_bytes
+
+    async def one(root: Path, keep: float) -> float:
+        closes = []
+        async with core(root, trash_keep=keep) as fs:
+            await write_file(fs, "latest.pt", b"x")
+            for i in range(40):
+                data = random_bytes(200_000, i)
+                start = time.perf_counter()
+                await overwrite(fs, "latest.pt", data)
+                closes.append(time.perf_counter() - start)
+            await fs.wait_all_flushed()
+        return statistics.median(closes) * 1000
+
+    medians: dict[float, list[float]] = {0.0: [], 3600.0: []}
+    for _ in range(runs):  # interleaved
+        for keep in medians:
+            with tempfile.TemporaryDirectory() as d:
+                medians[keep].append(trio.run(one, Path(d), keep))
+    for keep, ms in medians.items():
+        print(f"trash {'on ' if keep else 'off'}: close of an overwrite, median of 40, per run "
+              f"{[round(x, 1) for x in ms]} ms; median {statistics.median(ms):.1f} ms")
+
+
+@contextmanager
+def seaweed() -> Iterator[tuple[SeaweedServer, str]]:
+    """A SeaweedFS server on 127.0.0.1 with a new bucket, credentials in the environment."""
+    with tempfile.TemporaryDirectory() as d:
+        server = SeaweedServer(Path(d) / "weed")
+        server.start()
+        try:
+            os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
+                              AWS_SECRET_ACCESS_KEY=server.secret_key,
+                              AWS_DEFAULT_REGION="us-east-1")
+            yield server, server.new_bucket()
+        finally:
+            server.stop()
+
+
+def mount(runs: int) -> None:
+    with seaweed() as (server, bucket), tempfile.TemporaryDirectory() as d:
+        mnt = Path(d) / "mnt"
+        mnt.mkdir()
+        times = []
+        for i in range(runs):
+            start = time.perf_counter()
+            subprocess.run([CKPTFS, "mount", f"s3://{bucket}", str(mnt), "--endpoint-url",
+                            server.endpoint, "--cache-dir", f"{d}/cache{i}"],
+                           check=True, capture_output=True)
+            os.stat(mnt)
+            times.append(time.perf_counter() - start)
+            subprocess.run([CKPTFS, "umount", str(mnt)], check=True, capture_output=True)
+        print(f"ckptfs mount on SeaweedFS: {[round(t, 3) for t in times]} s; median "
+              f"{statistics.median(times):.3f} s (the first creates the store)")
+
+
+def get(count: int) -> None:
+    import numpy as np
+
+    from ckptfs.store import open_store
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    with seaweed() as (server, bucket):
+        store = open_store(f"s3://{bucket}", endpoint_url=server.endpoint,
+                           max_pool_connections=16)
+        data = np.random.default_rng(0).integers(0, 255, 16 << 20, dtype=np.uint8).tobytes()
+        for i in range(count):
+            store.put(f"o{i}", data)
+        gib = count * 16 / 1024
+        for threads in (1, 8, 1, 8):
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda i: store.get(f"o{i}"), range(4)))  # warm
+                c0, t0 = cpu(), time.perf_counter()
+                list(pool.map(lambda i: len(store.get(f"o{i}")), range(count)))
+                wall, used = time.perf_counter() - t0, cpu() - c0
+            print(f"GET 16 MiB x {count}, {threads} thread(s): {gib * 1024 / wall:.0f} MiB/s, "
+                  f"client CPU {used / gib:.2f} s/GiB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("part", choices=("overwrite", "mount", "get"))
+    ap.add_argument("--runs", type=int, default=5, help="runs (overwrite, mount)")
+    ap.add_argument("--objects", type=int, default=48, help="16 MiB objects to GET (get)")
+    a = ap.parse_args()
+    if a.runs < 1 or a.objects < 1:
+        ap.error("--runs and --objects must be at least 1")
+    if a.part == "overwrite":
+        overwrite(a.runs)
+    elif a.part == "mount":
+        mount(a.runs)
+    else:
+        get(a.objects)
+
+
+if __name__ == "__main__":
+    main()
