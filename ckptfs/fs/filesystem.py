@@ -195,19 +195,27 @@ class CheckpointFS(Reporting):
         return self._undamaged(await self._child(parent_inode, name))
 
     async def _child(self, parent_inode: int, name: str) -> Node:
-        """The entry `name` of a directory, after a listing if the TTL says so."""
+        """The entry `name` of a directory: a known entry after a listing if the TTL says
+        so; a name not known here is asked of the store (never ENOENT from the past)."""
+        asked = time.monotonic()
         parent = self.directory(parent_inode)
         if parent.removed:  # a directory deleted or renamed away on another node
             raise NoEntry(manifests.join(parent.path, name))
         await self.lister.refresh(parent)
         child = parent.children.get(name)
         if child is None:
+            await self.lister.look_up(parent, name, asked)
+            child = parent.children.get(name)
+        if child is None:
             raise NoEntry(manifests.join(parent.path, name))
         return child
 
     async def readdir(self, inode: int) -> list[tuple[str, Node]]:
+        """The entries of a directory, from a LIST sent after this call began (or from
+        the local view while the store fails: listing.py)."""
+        asked = time.monotonic()
         node = self.directory(inode)
-        await self.lister.refresh(node)
+        await self.lister.refresh(node, since=asked)
         return sorted(node.children.items())
 
     @staticmethod

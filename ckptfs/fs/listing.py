@@ -1,19 +1,27 @@
-"""Directory listings from the store merged into the local tree, and the records they name.
+"""Directory listings and name look-ups from the store, merged into the local tree.
 
-A directory is listed again when its last listing is older than --metadata-ttl. The
-merge never undoes what this node changed and has not yet seen in the store (recent
+A negative answer (no such name, a listing without it) is never taken from this node's
+past, because another node can make the name at any moment: a listing (readdir) sends a
+LIST unless one was sent after it was asked, and a look-up of a name this node does not
+know asks the store for that one name (look_up). Positive entries are trusted for
+--metadata-ttl: a lookup of a known name lists its directory again at most once per TTL,
+which is how an entry removed elsewhere leaves the tree (docs/SEMANTICS.md).
+
+The merge never undoes what this node changed and has not yet seen in the store (recent
 changes, pending ops, files being written); an entry that is gone from the store leaves
 the tree and the kernel's cache (`on_gone`). After a crash, the first listings wait for
 the journal's ops to reach the store, so that no file closed before the crash is
 missing. A directory never listed answers EIO during a store outage (StoreUnavailable):
-an empty answer would say "no checkpoint here". A file whose manifest is damaged stays
-listed, marked damaged (EIO on it), with one log line per damaged key; a damaged
-directory marker leaves its directory with the default mode.
+an empty answer would say "no checkpoint here"; after a failed request, negative
+answers come from the last view for one TTL without asking again. A file whose manifest
+is damaged stays listed, marked damaged (EIO on it), with one log line per damaged key;
+a damaged directory marker leaves its directory with the default mode.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import stat
 import time
 from collections.abc import Callable
@@ -59,6 +67,7 @@ class Lister:
         self._locks: dict[int, trio.Lock] = {}
         self._recovery_waited = False  # listings waited (once) for the journal's ops
         self._damaged: dict[str, str] = {}  # damaged record key -> why, as last logged
+        self._failed_at = -math.inf  # monotonic time of the last failed LIST or look-up
 
     async def list_root(self) -> None:
         """List the root before the mount is ready, so that a store outage just after
@@ -73,27 +82,31 @@ class Lister:
             log.warning("%s", e)
         self.table.root.listed_at = 0.0
 
-    async def refresh(self, dnode: DirNode, force: bool = False) -> None:
-        """Bring a directory's children up to date with the store (at most once per TTL)."""
+    async def refresh(self, dnode: DirNode, force: bool = False,
+                      since: float | None = None) -> None:
+        """Bring a directory's children up to date with the store: at most once per TTL,
+        or, `force`, now; or, with `since` (a time.monotonic() value), unless a LIST sent
+        at or after `since` is merged already: the answer to a question asked then."""
         lock = self._locks.setdefault(dnode.inode, trio.Lock())
         async with lock:
-            fresh = time.monotonic() - dnode.listed_at < self.metadata_ttl
-            if (fresh and not force) or dnode.removed:
+            if dnode.removed:
+                return
+            now = time.monotonic()
+            if since is not None:
+                if dnode.list_sent >= since or (dnode.listed and self._store_failing(now)):
+                    return
+            elif not force and now - dnode.listed_at < self.metadata_ttl:
                 return
             path = dnode.path
-            if self.publisher.is_pending(path):
+            if not await self._settled(path, wait=since is not None):
                 return  # our own unapplied ops: the local view is newer than the store
-            recovered = self.publisher.recovered_seq
-            if not self._recovery_waited and self.publisher.applied_seq < recovered:
-                # after a crash, ops from the journal (files closed, directories made)
-                # are on their way to the store: a listing sent now would lack them
-                await self.publisher.wait_applied(recovered, self.publish_timeout)
-                self._recovery_waited = True
             prefix = manifests.dir_prefix(path)
             applied_before = self.publisher.applied_seq
+            sent = time.monotonic()
             try:
                 listing = await retrying_async(self.store.list, prefix)
             except StoreError as e:  # store down: serve what we know, retry after the TTL
+                self._failed_at = time.monotonic()
                 if not dnode.listed:  # nothing known: an empty answer would say "no files"
                     log.warning("cannot list %s/ (never listed: EIO): %s", path, e)
                     raise StoreUnavailable(f"cannot list {path}/: {e}") from None
@@ -103,12 +116,65 @@ class Lister:
             if dnode.removed or dnode.path != path:
                 return  # moved or deleted here while listing: the listing is of the old path
             dnode.listed_at = time.monotonic()
+            dnode.list_sent = sent
             dnode.listed = True
             await self._merge(dnode, prefix, listing.objects, listing.prefixes, applied_before)
 
+    async def look_up(self, dnode: DirNode, name: str, since: float) -> None:
+        """Ask the store whether `name`, which this node does not know, is in the
+        directory (a question asked at `since`): one request for that name whatever the
+        directory's size (Store.list_entry), merged as a listing of it would be. Nothing
+        is asked when a LIST sent after `since` has answered already, or while the store
+        is failing (then the local view answers, see the module docstring)."""
+        lock = self._locks.setdefault(dnode.inode, trio.Lock())
+        async with lock:
+            if (dnode.removed or dnode.list_sent >= since or name in dnode.children
+                    or self._store_failing(time.monotonic())):
+                return
+            path = dnode.path
+            if not await self._settled(path, wait=True):
+                return
+            prefix = manifests.dir_prefix(path)
+            applied_before = self.publisher.applied_seq
+            try:
+                found = await retrying_async(self.store.list_entry, prefix, name)
+            except StoreError as e:
+                self._failed_at = time.monotonic()
+                log.warning("cannot look up %s in the store (answering from this node's "
+                            "view): %s", manifests.join(path, name), e)
+                return
+            except InvalidKeyError:
+                return  # a name no key can hold is in no store
+            if dnode.removed or dnode.path != path or name in dnode.children:
+                return
+            await self._merge(dnode, prefix, found.objects, found.prefixes, applied_before,
+                              only=name)
+
+    def _store_failing(self, now: float) -> bool:
+        """Whether a listing or look-up failed less than a TTL ago: negative answers then
+        come from the local view, without a request that would wait out the retries."""
+        return now - self._failed_at < self.metadata_ttl
+
+    async def _settled(self, path: str, wait: bool) -> bool:
+        """Whether no op of this node on the directory `path` or above waits to be
+        applied (a LIST would not show it yet); `wait`: wait for them first, up to the
+        publish timeout (not while the store is failing). After a crash, the first
+        question waits (once) for the ops recovered from the journal: files closed and
+        directories made before the crash."""
+        if self.publisher.is_pending(path) and not (
+                wait and await self.publisher.wait_settled(path, self.publish_timeout)):
+            return False
+        recovered = self.publisher.recovered_seq
+        if not self._recovery_waited and self.publisher.applied_seq < recovered:
+            await self.publisher.wait_applied(recovered, self.publish_timeout)
+            self._recovery_waited = True
+        return True
+
     async def _merge(self, dnode: DirNode, prefix: str, objects: list[tuple[str, int]],
-                     prefixes: list[str], applied_before: int) -> None:
-        """Merge a LIST of the directory into its children.
+                     prefixes: list[str], applied_before: int, only: str | None = None
+                     ) -> None:
+        """Merge a LIST of the directory into its children (`only`: a look-up's answer
+        for that one name, which says nothing of the others).
 
         `applied_before` is the publisher's applied_seq when the LIST was sent: an entry
         changed here by an op with a later seq (or not journaled yet) may be missing or
@@ -130,7 +196,7 @@ class Lister:
             remote_dirs.discard(name)  # deleted or renamed away here, not yet in the store
             remote_files.pop(name, None)
         for name, known in list(dnode.children.items()):
-            if self.pinned(known) or changed_here(name):
+            if self.pinned(known) or changed_here(name) or only not in (None, name):
                 continue
             if name not in (remote_dirs if known.is_dir else remote_files):
                 self._gone(dnode, known)

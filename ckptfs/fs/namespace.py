@@ -7,6 +7,7 @@ is a FileNode whose manifest has a target. Nothing here does I/O.
 
 from __future__ import annotations
 
+import math
 import stat
 import time
 from collections.abc import Callable
@@ -90,7 +91,10 @@ class DirNode(Node):
     """A directory: its children as this node knows them, and when it last listed them."""
 
     children: dict[str, Node] = field(default_factory=dict)
-    listed_at: float = 0.0  # monotonic time of the last LIST
+    listed_at: float = 0.0  # monotonic time of the last LIST (or of a mkdir here)
+    #: monotonic time at which the last LIST merged here was sent: its answer holds for
+    #: the questions asked before then (listing.py, negative answers)
+    list_sent: float = -math.inf
     listed: bool = False  # the children came from the store once, or from a local mkdir
     recent: RecentChanges = field(default_factory=RecentChanges)
 

@@ -209,6 +209,15 @@ class Publisher:
                     await self._changed.wait()
         return self.applied_seq >= seq
 
+    async def wait_settled(self, path: str, timeout: float) -> bool:
+        """Wait until no unapplied op touches `path` or an ancestor (is_pending); False
+        after `timeout` or while unhealthy."""
+        with trio.move_on_after(timeout):
+            async with self._changed:
+                while self.is_pending(path) and self.healthy:
+                    await self._changed.wait()
+        return not self.is_pending(path)
+
     async def wait_empty(self) -> None:
         async with self._changed:
             while self._queue:

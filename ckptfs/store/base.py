@@ -158,6 +158,17 @@ class Store(abc.ABC):
         `prefixes` (each ending in '/'), as S3 does. With None, the listing is recursive.
         """
 
+    def list_entry(self, prefix: str, name: str) -> Listing:
+        """What list(prefix) shows of the one entry `name`: the object prefix+name and the
+        common prefix prefix+name+'/', each if present. Here one LIST of the keys that
+        start with prefix+name, filtered: its cost grows with the names that begin with
+        `name`, not with the directory; stores that can look one name up directly
+        override it."""
+        key = prefix + name
+        listing = self.list(key)
+        return Listing([(k, size) for k, size in listing.objects if k == key],
+                       [p for p in listing.prefixes if p == key + "/"])
+
     @abc.abstractmethod
     def scan(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object whose key starts with `prefix`, recursively, streamed: one page
@@ -250,6 +261,9 @@ class AsyncStore:
 
     async def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
         return await self.run(self.store.list, prefix, delimiter)
+
+    async def list_entry(self, prefix: str, name: str) -> Listing:
+        return await self.run(self.store.list_entry, prefix, name)
 
     async def copy(self, src: str, dst: str) -> None:
         await self.run(self.store.copy, src, dst)

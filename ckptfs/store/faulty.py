@@ -155,6 +155,10 @@ class FaultyStore(Store):
         self._enter("list")
         return self.inner.list(prefix, delimiter)
 
+    def list_entry(self, prefix: str, name: str) -> Listing:
+        self._enter("list")
+        return self.inner.list_entry(prefix, name)
+
     def copy(self, src: str, dst: str) -> None:
         self._enter("copy")
         self.inner.copy(src, dst)

@@ -66,6 +66,9 @@ class TimedStore(Store):
     def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
         return self._timed("list", self.inner.list, prefix, delimiter)
 
+    def list_entry(self, prefix: str, name: str) -> Listing:
+        return self._timed("list", self.inner.list_entry, prefix, name)
+
     def scan(self, prefix: str) -> Iterator[ObjectInfo]:
         """Counted as one request, however many pages it reads: from its start to its
         last object (the consumer's time between objects included)."""
