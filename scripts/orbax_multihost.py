@@ -75,7 +75,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(mode: str, dirs: list[str], steps: int, timeout: float) -> int:
+def run(mode: str, dirs: list[str], steps: int, timeout: float, verbose: bool = False) -> int:
     """Run one worker per directory; print their output; 0 when all succeeded."""
     port = str(free_port())
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
@@ -95,6 +95,8 @@ def run(mode: str, dirs: list[str], steps: int, timeout: float) -> int:
         if p.returncode != 0:
             failed += 1
             print(f"process {i} failed (exit {p.returncode}):\n{out[-4000:]}", file=sys.stderr)
+        elif verbose:
+            print(out)
         else:
             print(out.strip().splitlines()[-1] if out.strip() else f"process {i}: ok")
     return 1 if failed else 0
@@ -108,8 +110,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="steps to save (default 20)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds before the processes are killed (default 600)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print every process's whole output (Orbax's log)")
     args = parser.parse_args()
-    return run(args.mode, args.dirs, args.steps, args.timeout)
+    return run(args.mode, args.dirs, args.steps, args.timeout, args.verbose)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ from ckptfs.format.manifests import Manifest, RenameIntent
 from ckptfs.pipeline.cache import LocalCache, pread_scratch
 from ckptfs.pipeline.journal import Journal, Op
 from ckptfs.store.base import Store
-from ckptfs.tools import trash
+from ckptfs.tools import retention, trash
 
 log = logging.getLogger(__name__)
 
@@ -469,12 +469,14 @@ class Publisher:
             list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
                           keys))
         crash_point("rename_dir_copied")
-        # children before their directory's marker: some stores (SeaweedFS) keep a marker
-        # deleted while its directory still has entries
-        self.store.delete_many(sorted(keys, reverse=True))
         # a directory without a marker of its own still gets one; but on a replay the old
         # marker may already have been moved: keep that one (its mode and mtime)
-        if old_prefix not in keys and self.store.head(new_prefix) is None:
+        had_marker = old_prefix in keys
+        # children before their directory's marker, depth by depth, and the markers of
+        # directories without one: else some stores (SeaweedFS) keep the emptied
+        # directories, and list them as common prefixes (seen with Orbax's commit)
+        retention.delete_tree(self.store, old_prefix, keys)
+        if not had_marker and self.store.head(new_prefix) is None:
             self.store.put(new_prefix, b"")
         log.info("renamed directory %s -> %s (%d keys) in %.2fs", src, dst, len(keys),
                  time.monotonic() - start)

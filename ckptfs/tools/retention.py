@@ -205,17 +205,26 @@ def remove_tree(store: Store, path: str, batch: str | None = None) -> int:
     deleted."""
     prefix = manifests.dir_prefix(manifests.check_path(path))
     keys = [k for k, _ in store.list(prefix, delimiter=None).objects]
-    # the markers of directories that have none are deleted too (absent keys are
-    # ignored): some stores (SeaweedFS) keep an emptied directory until its marker key
-    # is deleted, and list it as a common prefix meanwhile
-    implicit = {prefix} | {k[:i + 1] for k in keys
-                           for i in range(len(prefix), len(k) - 1) if k[i] == "/"}
     if batch is not None:
         trash.keep_all(store, sorted(set(keys) | {prefix}), batch)
-    for group in _deletion_order(set(keys) | implicit):
+    delete_tree(store, prefix, keys)
+    return len(keys)
+
+
+def delete_tree(store: Store, prefix: str, keys: Iterable[str]) -> None:
+    """Delete `keys`, all under the directory marker `prefix`, and the markers of every
+    directory on their way, deepest first: one delete_many per depth (in batches), so
+    that no marker goes before the entries of its directory. The markers of directories
+    that have none are deleted too (absent keys are ignored): some stores (SeaweedFS)
+    keep an emptied directory until its marker key is deleted, and list it as a common
+    prefix meanwhile; and within one batch delete they may remove a marker before the
+    entries below it, keeping that directory too."""
+    keys = set(keys)
+    implicit = {prefix} | {k[:i + 1] for k in keys
+                           for i in range(len(prefix), len(k) - 1) if k[i] == "/"}
+    for group in _deletion_order(keys | implicit):
         for i in range(0, len(group), trash.DELETE_BATCH):
             store.delete_many(group[i:i + trash.DELETE_BATCH])
-    return len(keys)
 
 
 def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = None,

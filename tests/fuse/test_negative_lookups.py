@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,15 +43,19 @@ def test_names_made_and_removed_elsewhere_are_seen_by_the_next_call(
     (b / "run" / "latest").write_text("100")
     assert (a / "run" / "latest").read_text() == "100"  # not from A's past
     # a directory made elsewhere, and a file in it, at once
-    (b / "run" / "5.orbax-checkpoint-tmp").mkdir()
-    (b / "run" / "5.orbax-checkpoint-tmp" / "meta").write_bytes(b"m")
+    tmp = b / "run" / "5.orbax-checkpoint-tmp"
+    (tmp / "default" / "ocdbt.process_0" / "d").mkdir(parents=True)
+    (tmp / "default" / "ocdbt.process_0" / "d" / "ab12").write_bytes(b"m")
     assert sorted(os.listdir(a / "run")) == ["5.orbax-checkpoint-tmp", "latest"]
-    assert (a / "run" / "5.orbax-checkpoint-tmp" / "meta").read_bytes() == b"m"
-    # a rename elsewhere of a directory A has listed: the next listing has the new name
-    # only, and the new name resolves at once
-    (b / "run" / "5.orbax-checkpoint-tmp").rename(b / "run" / "5")
+    assert (a / "run" / tmp.name / "default" / "ocdbt.process_0" / "d" / "ab12"
+            ).read_bytes() == b"m"
+    # a rename elsewhere of a directory tree A has listed: the next listing has the new
+    # name only (on SeaweedFS, no emptied directory is left listed under the old one),
+    # and the new name resolves at once
+    tmp.rename(b / "run" / "5")
     assert sorted(os.listdir(a / "run")) == ["5", "latest"]
-    assert (a / "run" / "5" / "meta").read_bytes() == b"m"
+    assert (a / "run" / "5" / "default" / "ocdbt.process_0" / "d" / "ab12"
+            ).read_bytes() == b"m"
     # an unlink elsewhere (journaled, not waited for: in the store once B's sync
     # returns) is gone from A's next listing
     (b / "run" / "latest").unlink()
@@ -69,3 +74,7 @@ def test_names_made_and_removed_elsewhere_are_seen_by_the_next_call(
     with pytest.raises(OSError) as e:
         (a / "run" / "5").mkdir()
     assert e.value.errno == errno.EEXIST
+    # an rm -rf elsewhere leaves nothing listed (nor an emptied directory on SeaweedFS)
+    shutil.rmtree(b / "run")
+    run_cli("sync", str(b.path))
+    assert os.listdir(a.path) == []
