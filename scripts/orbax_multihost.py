@@ -78,7 +78,8 @@ def free_port() -> int:
 def run(mode: str, dirs: list[str], steps: int, timeout: float, verbose: bool = False) -> int:
     """Run one worker per directory; print their output; 0 when all succeeded."""
     port = str(free_port())
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), str(len(dirs)), port, mode,
                                str(steps), d], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env)
