@@ -27,6 +27,12 @@ NEW_STORE_MIN_RECORD = 256 << 10
 NEW_STORE_CODEC = "zstd4"
 CODECS = ("zstd4", "lz4")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: the largest uid or gid an entry can be owned by: uid_t is 32 bits, and -1 (2^32 - 1)
+#: means "unchanged" to chown
+MAX_ID = 2**32 - 2
+#: the mode bits ckptfs stores and reports: read, write and execute for the owner, the
+#: group and others, and the sticky bit; never setuid or setgid (docs/SEMANTICS.md)
+MODE_BITS = 0o1777
 
 ENDPOINT_HELP = ("endpoint of the store the URL names: an S3-compatible server for s3:// "
                  "(default $AWS_ENDPOINT_URL, else AWS), an Azure blob endpoint for az:// "
@@ -83,7 +89,8 @@ def option(default: Any, flag: str, help: str, kind: str = "str", metavar: str |
            short: str | None = None) -> Any:
     """A MountConfig field that is a `ckptfs mount` option: `flag` (and a `short` one),
     its `help` ("{}" is replaced by the default as shown_default gives it), and its
-    `kind`: str, size (16G), int, float, flag (true when given) or choice (of `choices`)."""
+    `kind`: str, size (16G), int, float, flag (true when given), choice (of `choices`) or
+    mode (octal permission bits: 0644)."""
     return dataclasses.field(default=default, metadata={
         "flag": flag, "help": help, "kind": kind, "metavar": metavar, "shown": shown,
         "choices": choices, "short": short})
@@ -115,6 +122,12 @@ def parse_option(f: dataclasses.Field[Any], text: str, source: str) -> Any:
     kind = f.metadata["kind"]
     if kind == "size":
         return parse_size(text, source)
+    if kind == "mode":
+        digits = text.removeprefix("0o")
+        if not digits or len(digits) > 5 or any(c not in "01234567" for c in digits):
+            raise ConfigError(f"invalid value {text!r} for {source}: want octal permission "
+                              f"bits, e.g. 0644")
+        return int(digits, 8)
     if kind == "flag":
         if text.lower() in _TRUE + _FALSE:
             return text.lower() in _TRUE
@@ -309,6 +322,19 @@ class MountConfig:
                                   "file is in the object store", kind="flag")
     allow_other: bool = option(False, "--allow-other", "let other users access it",
                                kind="flag")
+    # what stat shows, whatever the records say (docs/SEMANTICS.md, "Owners and modes")
+    uid: int | None = option(None, "--uid", "show every entry as owned by this user id "
+                             "(default: {})", kind="int", metavar="UID",
+                             shown="its creator's")
+    gid: int | None = option(None, "--gid", "show every entry as owned by this group id "
+                             "(default: {})", kind="int", metavar="GID",
+                             shown="its creator's")
+    file_mode: int | None = option(
+        None, "--file-mode", "show every file with these permission bits, octal, e.g. 0644 "
+        "(default: {})", kind="mode", metavar="MODE", shown="its own")
+    dir_mode: int | None = option(
+        None, "--dir-mode", "show every directory with these permission bits, octal, e.g. "
+        "0755 or 1777 (default: {})", kind="mode", metavar="MODE", shown="its own")
     node_id: str = option("", "--node-id", "name of this node in manifests (default: {})",
                           metavar="NAME", shown="hostname")
     # auto-prune (autoprune.py): off unless keep_last is set; the policy of `ckptfs prune`
@@ -359,8 +385,8 @@ class MountConfig:
                 text = environ.get(env_name(f), "")
                 if text:
                     value = parse_option(f, text, env_name(f))
-            elif f.metadata["kind"] == "size" and isinstance(value, str):
-                value = parse_size(value, f.metadata["flag"])
+            elif f.metadata["kind"] in ("size", "mode") and isinstance(value, str):
+                value = parse_option(f, value, f.metadata["flag"])
             if value is not None:
                 values[f.name] = value
         return cls(store=store, mountpoint=mountpoint, **values)
@@ -380,6 +406,7 @@ class MountConfig:
         if self.uploads_while_writing is not None and self.uploads_while_writing < 0:
             raise ConfigError("--uploads-while-writing must be at least 0")
         trash_seconds(self.trash_hours)
+        self._check_owner()
         if self.metrics_addr is not None:
             metrics_address(self.metrics_addr)
         self._check_keep()
@@ -391,6 +418,19 @@ class MountConfig:
                        if archive else "")
                 raise ConfigError(f"--storage-class {self.storage_class} is not usable for "
                                   f"chunks{why}; use one of {', '.join(STORAGE_CLASSES)}")
+
+    def _check_owner(self) -> None:
+        """--uid and --gid are ids a file can have; --file-mode and --dir-mode are
+        permission bits (and the sticky bit), never setuid or setgid."""
+        for flag, value in (("--uid", self.uid), ("--gid", self.gid)):
+            if value is not None and not 0 <= value <= MAX_ID:
+                raise ConfigError(f"{flag} {value} is not an id (0 to {MAX_ID})")
+        for flag, value in (("--file-mode", self.file_mode), ("--dir-mode", self.dir_mode)):
+            if value is not None and value & ~MODE_BITS:
+                why = ("setuid and setgid bits are never shown" if value <= 0o7777
+                       else "more than the permission bits")
+                raise ConfigError(f"{flag} {value:04o}: {why}; give permission bits and "
+                                  f"the sticky bit only (0 to 1777), e.g. 0644")
 
     def _check_keep(self) -> None:
         """The auto-prune options go together; the numbers themselves are checked by

@@ -21,6 +21,7 @@ from ckptfs.common import errors
 from ckptfs.common.latency import LatencyTable
 from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.namespace import FileNode, Node
+from ckptfs.fs.ownership import Caller
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,25 @@ def direct_io(flags: int) -> bool:
     before every cached write. Such a descriptor cannot be mmapped anyway; readers
     (O_RDONLY, O_RDWR) keep the page cache, so mmap works for them."""
     return flags & os.O_ACCMODE == os.O_WRONLY
+
+
+def caller(ctx: Any, groups: bool = False) -> Caller:
+    """Who sent a request (its RequestContext); with `groups`, also the supplementary
+    groups of its process, which only a chown of a group needs."""
+    return Caller(ctx.uid, ctx.gid, supplementary_groups(ctx.pid) if groups else frozenset())
+
+
+def supplementary_groups(pid: int) -> frozenset[int]:
+    """The supplementary groups of process (or thread) `pid`, from /proc/PID/status;
+    none if it cannot be read (the process is gone): then only its own gid counts."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return frozenset(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return frozenset()
 
 
 def fuse_error(e: Exception, op: str) -> pyfuse3.FUSEError:
@@ -133,10 +153,9 @@ class FuseOps(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.inode
         a.generation = 0
-        a.st_mode = node.mode
+        a.st_mode = self.fs.owners.mode(node)
         a.st_nlink = 2 if node.is_dir else 1
-        a.st_uid = self.fs.uid
-        a.st_gid = self.fs.gid
+        a.st_uid, a.st_gid = self.fs.owners.owner(node)
         a.st_rdev = 0
         size = node.current_size if isinstance(node, FileNode) else 0
         a.st_size = size
@@ -183,7 +202,8 @@ class FuseOps(pyfuse3.Operations):
             mode=attr.st_mode if fields.update_mode else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
             uid=attr.st_uid if fields.update_uid else None,
-            gid=attr.st_gid if fields.update_gid else None)
+            gid=attr.st_gid if fields.update_gid else None,
+            caller=caller(ctx, groups=fields.update_gid))
         return self.attributes(node)
 
     @fuse_errors
@@ -225,7 +245,8 @@ class FuseOps(pyfuse3.Operations):
 
     @fuse_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
-        return self._looked_up(await self.fs.mkdir(parent_inode, os.fsdecode(name), mode))
+        return self._looked_up(await self.fs.mkdir(parent_inode, os.fsdecode(name), mode,
+                                                   caller(ctx)))
 
     @fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -237,7 +258,8 @@ class FuseOps(pyfuse3.Operations):
 
     @fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
-        node = await self.fs.symlink(parent_inode, os.fsdecode(name), os.fsdecode(target))
+        node = await self.fs.symlink(parent_inode, os.fsdecode(name), os.fsdecode(target),
+                                     caller(ctx))
         return self._looked_up(node)
 
     @fuse_errors
@@ -258,7 +280,8 @@ class FuseOps(pyfuse3.Operations):
                     ctx: Any) -> Any:
         if not stat.S_ISREG(mode):
             raise errors.NotPermitted("only regular files, directories and symlinks")
-        fh, node = await self.fs.create(parent_inode, os.fsdecode(name), mode, os.O_WRONLY)
+        fh, node = await self.fs.create(parent_inode, os.fsdecode(name), mode, os.O_WRONLY,
+                                        caller(ctx))
         await self.fs.flush(fh)
         await self.fs.release(fh)
         return self._looked_up(node)
@@ -271,7 +294,8 @@ class FuseOps(pyfuse3.Operations):
     @fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:
-        fh, node = await self.fs.create(parent_inode, os.fsdecode(name), mode, flags)
+        fh, node = await self.fs.create(parent_inode, os.fsdecode(name), mode, flags,
+                                        caller(ctx))
         return pyfuse3.FileInfo(fh=fh, direct_io=direct_io(flags)), self._looked_up(node)
 
     @fuse_errors

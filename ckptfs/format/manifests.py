@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from ckptfs import __version__
+from ckptfs.common.config import MAX_ID, MODE_BITS
 from ckptfs.common.errors import FormatError, InvalidKeyError
 from ckptfs.format.chunking import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from ckptfs.format.codec import CODECS, HASH_NAME
@@ -127,6 +128,10 @@ class RecordReader:
         except UnicodeEncodeError:
             raise self.problem(f"{name} is {_shown(value)}, not valid Unicode") from None
         return value
+
+    def owner_id(self, key: str) -> int | None:
+        """An optional uid or gid (absent: None, the record names no owner)."""
+        return self.integer(key, 0, MAX_ID) if key in self.d else None
 
     def number(self, key: str, default: float) -> float:
         """A finite number (integer or not)."""
@@ -288,6 +293,19 @@ class StoreInfo:
         return None
 
 
+def kept_mode(mode: int) -> int:
+    """`mode` as records keep it and a mount shows it: its type, permission and sticky
+    bits. Setuid and setgid are dropped, written or read: a file anyone can create
+    through a mount, or write into a store, never becomes a setuid program of its owner
+    (here, or after a `cp -a` out of the mount)."""
+    return stat.S_IFMT(mode) | (mode & MODE_BITS)
+
+
+def owner_fields(uid: int | None, gid: int | None) -> dict[str, int]:
+    """The "uid" and "gid" fields of a manifest or marker: those that are recorded."""
+    return {k: v for k, v in (("uid", uid), ("gid", gid)) if v is not None}
+
+
 @dataclass(frozen=True)
 class Manifest:
     """One file or symlink: its attributes and the chunks that hold its bytes, in order."""
@@ -299,6 +317,8 @@ class Manifest:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     writer: str = ""
     target: str | None = None  # symlinks only
+    uid: int | None = None  # the owner (None: not recorded; the mounting user is shown)
+    gid: int | None = None
 
     @property
     def is_symlink(self) -> bool:
@@ -315,6 +335,7 @@ class Manifest:
     def to_json(self) -> bytes:
         d: dict[str, object] = {"v": RECORD_VERSION, "size": self.size, "mode": self.mode,
                                 "mtime_ns": self.mtime_ns}
+        d.update(owner_fields(self.uid, self.gid))
         if self.target is not None:
             d["target"] = self.target
         else:
@@ -333,6 +354,7 @@ class Manifest:
         mode = r.integer("mode", 0, MODE_MAX)
         mtime_ns = r.integer("mtime_ns", -INT63, INT63 - 1)
         writer = r.string("writer", "")
+        uid, gid = r.owner_id("uid"), r.owner_id("gid")
         if r.has("target"):  # a symlink: its target instead of chunks
             target = r.string("target")
             if "\0" in target:
@@ -342,7 +364,7 @@ class Manifest:
             if size != len(target.encode()):
                 raise r.problem(f"size {size} is not the length of the symlink target "
                                 f"({len(target.encode())} bytes)")
-            return cls(size, mode, mtime_ns, writer=writer, target=target)
+            return cls(size, mode, mtime_ns, writer=writer, target=target, uid=uid, gid=gid)
         chunk_size = r.integer("chunk_size", 0, INT63 - 1, DEFAULT_CHUNK_SIZE)
         chunks = []
         for i, c in enumerate(r.items("chunks", [])):
@@ -357,21 +379,24 @@ class Manifest:
         if sum(n for _, n in chunks) != size:
             raise r.problem(f"the chunk lengths add up to {sum(n for _, n in chunks)}, not "
                             f"to its size {size}")
-        # a file manifest describes a regular file, whatever type bits it gives
-        return cls(size, stat.S_IFREG | (mode & 0o7777), mtime_ns, tuple(chunks), chunk_size,
-                   writer)
+        # a file manifest describes a regular file, whatever type bits it gives; setuid
+        # and setgid bits are never honoured (a record anyone with store access could write)
+        return cls(size, kept_mode(stat.S_IFREG | (mode & 0o7777)), mtime_ns, tuple(chunks),
+                   chunk_size, writer, uid=uid, gid=gid)
 
 
 @dataclass(frozen=True)
 class DirMarker:
-    """The body of a directory marker: the directory's mode and mtime."""
+    """The body of a directory marker: the directory's mode, mtime and owner."""
 
     mode: int = stat.S_IFDIR | 0o755
     mtime_ns: int = 0
+    uid: int | None = None  # the owner (None: not recorded; the mounting user is shown)
+    gid: int | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({"v": RECORD_VERSION, "mode": self.mode,
-                           "mtime_ns": self.mtime_ns}).encode()
+        return json.dumps({"v": RECORD_VERSION, "mode": self.mode, "mtime_ns": self.mtime_ns,
+                           **owner_fields(self.uid, self.gid)}).encode()
 
     @classmethod
     def from_json(cls, blob: bytes) -> DirMarker:
@@ -381,8 +406,9 @@ class DirMarker:
         if r.has("v"):
             r.version("v", RECORD_VERSION)
         mode = r.integer("mode", 0, MODE_MAX, 0o755)
-        return cls(mode=stat.S_IFDIR | (mode & 0o7777),
-                   mtime_ns=r.integer("mtime_ns", -INT63, INT63 - 1, 0))
+        return cls(mode=kept_mode(stat.S_IFDIR | (mode & 0o7777)),
+                   mtime_ns=r.integer("mtime_ns", -INT63, INT63 - 1, 0),
+                   uid=r.owner_id("uid"), gid=r.owner_id("gid"))
 
 
 @dataclass(frozen=True)

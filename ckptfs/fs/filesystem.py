@@ -39,14 +39,14 @@ from ckptfs.common.errors import (
     NoEntry,
     NotADirectory,
     NotEmpty,
-    NotPermitted,
 )
 from ckptfs.format import formats, manifests
-from ckptfs.format.manifests import DirMarker, Manifest, StoreInfo
+from ckptfs.format.manifests import DirMarker, Manifest, StoreInfo, kept_mode
 from ckptfs.fs import names
 from ckptfs.fs.listing import Lister
 from ckptfs.fs.namespace import DirNode, FileNode, InodeTable, Node, NodeT
 from ckptfs.fs.options import Options
+from ckptfs.fs.ownership import Caller, Ownership
 from ckptfs.fs.reporting import Reporting
 from ckptfs.fs.writebuffer import NewCutter, WriteBuffer
 from ckptfs.pipeline.cache import LocalCache
@@ -65,6 +65,11 @@ def describe_error(e: BaseException) -> str:
     if isinstance(e, JournalFull) or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
         return "the cache disk is full"
     return f"{type(e).__name__}: {e}"
+
+
+def owner_ids(caller: Caller | None) -> tuple[int | None, int | None]:
+    """The uid and gid a new entry made by `caller` records (None: none)."""
+    return (None, None) if caller is None else (caller.uid, caller.gid)
 
 
 @dataclass(eq=False)
@@ -94,8 +99,8 @@ class CheckpointFS(Reporting):
             formats.new_cutter, info.chunk_size, min(info.min_record, info.chunk_size),
             info.chunking == "records")
         self.opt = options
-        self.uid = os.getuid()
-        self.gid = os.getgid()
+        self.owners = Ownership(os.getuid(), os.getgid(), options.uid, options.gid,
+                                options.file_mode, options.dir_mode)
         self.table = InodeTable(self._dropped)
         self.root = self.table.root
         self.lister = Lister(store, publisher, self.table, options.metadata_ttl,
@@ -162,7 +167,18 @@ class CheckpointFS(Reporting):
                 or self.publisher.is_pending(node.path))
 
     async def list_root(self) -> None:
-        await self.lister.list_root()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_root_marker)
+            nursery.start_soon(self.lister.list_root)
+
+    async def _read_root_marker(self) -> None:
+        """The root directory's mode and owner, from its marker (a chmod or chown of the
+        mount's root is kept there); the defaults if it has none or it cannot be read."""
+        if self.publisher.is_pending(""):
+            return  # a chmod of the root from before a crash: the marker is older
+        marker = await self.lister.read_marker("")
+        if marker is not None and not self.publisher.is_pending(""):
+            self.root.mode, self.root.uid, self.root.gid = marker.mode, marker.uid, marker.gid
 
     def local_changes(self, path: str) -> str | None:
         """Why the directory `path` must not be removed from the store behind this mount's
@@ -280,19 +296,25 @@ class CheckpointFS(Reporting):
             raise NoEntry(node.path)
         return node
 
-    async def mkdir(self, parent_inode: int, name: str, mode: int) -> DirNode:
+    async def mkdir(self, parent_inode: int, name: str, mode: int,
+                    caller: Caller | None = None) -> DirNode:
+        """A new directory, owned by `caller` (None: no owner recorded, see Ownership)."""
         parent = await self._writable_dir(parent_inode)
         await self.lister.refresh(parent)
         names.check_name_free(self.store, parent, name, is_dir=True)
         now = time.time_ns()
         changing = self._changing((parent, name))
-        node = self.table.new_dir(parent, name, mode, now)
+        node = self.table.new_dir(parent, name, mode, now, *owner_ids(caller))
         node.listed_at = time.monotonic()
         node.listed = True
         self._touch(parent)
-        await self._submit("put_dir", node.path, body=DirMarker(node.mode, now).to_json(),
+        await self._submit("put_dir", node.path, body=self._marker(node, now).to_json(),
                            changing=changing)
         return node
+
+    @staticmethod
+    def _marker(node: DirNode, mtime_ns: int) -> DirMarker:
+        return DirMarker(node.mode, mtime_ns, uid=node.uid, gid=node.gid)
 
     async def rmdir(self, parent_inode: int, name: str) -> None:
         parent = await self._writable_dir(parent_inode)
@@ -324,13 +346,15 @@ class CheckpointFS(Reporting):
         self.table.detach(child)
         self._touch(parent)
 
-    async def symlink(self, parent_inode: int, name: str, target: str) -> FileNode:
+    async def symlink(self, parent_inode: int, name: str, target: str,
+                      caller: Caller | None = None) -> FileNode:
         parent = await self._writable_dir(parent_inode)
         await self.lister.refresh(parent)
         names.check_name_free(self.store, parent, name)
         now = time.time_ns()
+        uid, gid = owner_ids(caller)
         m = Manifest(size=len(target.encode()), mode=stat.S_IFLNK | 0o777, mtime_ns=now,
-                     writer=self.opt.writer_id, target=target)
+                     writer=self.opt.writer_id, target=target, uid=uid, gid=gid)
         changing = self._changing((parent, name))
         node = self.table.new_file(parent, name, m.mode, now)
         node.set_manifest(m)
@@ -391,27 +415,33 @@ class CheckpointFS(Reporting):
     # ===================================================================== attributes
     async def setattr(self, inode: int, size: int | None = None, mode: int | None = None,
                       mtime_ns: int | None = None, uid: int | None = None,
-                      gid: int | None = None) -> Node:
+                      gid: int | None = None, caller: Caller | None = None) -> Node:
+        """truncate, chmod, utimens and chown by `caller` (None: the mounting user); a
+        chown or chmod it may not make (Ownership) is NotPermitted, and changes nothing."""
         node = self.node(inode)
-        if (uid is not None and uid not in (-1, self.uid)) or (
-                gid is not None and gid not in (-1, self.gid)):
-            raise NotPermitted("chown to another owner is not supported")
+        who = caller or self.owners.mounter
+        owner = self.owners.chown(node, uid, gid, who)
+        if mode is not None:
+            self.owners.check_chmod(node, who)
         if size is not None:
             if not isinstance(node, FileNode):
                 raise IsADirectory(node.path)
             async with node.lock:
                 await self._truncate(node, size)
         if mode is not None:
-            node.mode = stat.S_IFMT(node.mode) | (mode & 0o7777)
+            node.mode = kept_mode(stat.S_IFMT(node.mode) | stat.S_IMODE(mode))
         if mtime_ns is not None:
             node.mtime_ns = mtime_ns
+        if owner is not None:
+            node.uid, node.gid = owner
         if isinstance(node, FileNode) and node.buffer is not None and not self._has_writer(
                 node):
             # truncate(2) of a file nobody has open for writing: no close will publish it
             async with node.lock:
                 if node.buffer is not None:
                     await self._publish(node, fsync=False)
-        elif (mode is not None or mtime_ns is not None) and not node.removed:
+        elif (mode is not None or mtime_ns is not None or owner is not None) and (
+                not node.removed):
             await self._publish_attributes(node)
         return node
 
@@ -420,14 +450,16 @@ class CheckpointFS(Reporting):
         return any(h.node is node and h.writable for h in self.handles.values())
 
     async def _publish_attributes(self, node: Node) -> None:
-        """chmod/utimens: a new manifest or marker (files being written publish at close)."""
+        """chmod/utimens/chown: a new manifest or marker (files being written publish at
+        close; a symlink keeps mode 0777)."""
         changing = self._changing((node.parent, node.name))
         if isinstance(node, DirNode):
-            body = DirMarker(node.mode, node.mtime_ns).to_json()
+            body = self._marker(node, node.mtime_ns).to_json()
             await self._submit("put_dir", node.path, body=body, wait=False, changing=changing)
-        elif (isinstance(node, FileNode) and node.buffer is None and node.manifest is not None
-              and not node.is_symlink):
-            m = replace(node.manifest, mode=node.mode, mtime_ns=node.mtime_ns)
+        elif isinstance(node, FileNode) and node.buffer is None and node.manifest is not None:
+            m = replace(node.manifest, mtime_ns=node.mtime_ns, uid=node.uid, gid=node.gid)
+            if not node.is_symlink:
+                m = replace(m, mode=node.mode)
             node.manifest = m
             await self._submit("put_file", node.path, body=m.to_json(), wait=False,
                                changing=changing)
@@ -436,13 +468,15 @@ class CheckpointFS(Reporting):
                 dnode.recent.end(name, 0)
 
     # ===================================================================== open/close
-    async def create(self, parent_inode: int, name: str, mode: int, flags: int
-                     ) -> tuple[int, FileNode]:
+    async def create(self, parent_inode: int, name: str, mode: int, flags: int,
+                     caller: Caller | None = None) -> tuple[int, FileNode]:
+        """A new file open for writing, owned by `caller` (None: no owner recorded)."""
         parent = await self._writable_dir(parent_inode)
         await self.lister.refresh(parent)
         names.check_name_free(self.store, parent, name)
         now = time.time_ns()
-        node = self.table.new_file(parent, name, stat.S_IFREG | (mode & 0o7777), now)
+        node = self.table.new_file(parent, name, stat.S_IFREG | stat.S_IMODE(mode), now,
+                                   *owner_ids(caller))
         node.buffer = await self._new_buffer(node, None)
         node.checked_at = time.monotonic()
         self._touch(parent)
@@ -620,7 +654,7 @@ class CheckpointFS(Reporting):
         stale = frozenset(h for h in version.freed if not self.uploader.confirmed(h))
         m = Manifest(size=version.size, mode=node.mode, mtime_ns=node.mtime_ns,
                      chunks=version.chunks, chunk_size=self.chunk_size,
-                     writer=self.opt.writer_id)
+                     writer=self.opt.writer_id, uid=node.uid, gid=node.gid)
         if not node.removed:
             # journal first: if that fails (cache disk full), the buffer stays open and
             # close/fsync report the error; nothing is half published

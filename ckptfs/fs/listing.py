@@ -248,7 +248,8 @@ class Lister:
         for name in new_dirs:  # mode and mtime from the directory marker (chmod, utime)
             if name not in dnode.children and not changed_here(name):
                 marker = markers.get(name) or DirMarker()
-                self.table.new_dir(dnode, name, marker.mode, marker.mtime_ns or now_ns)
+                self.table.new_dir(dnode, name, marker.mode, marker.mtime_ns or now_ns,
+                                   marker.uid, marker.gid)
         for name, size in to_read:
             m = results.get(name)
             why = damaged.get(name)

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import trio
 
-from ckptfs.format.manifests import Manifest
+from ckptfs.format.manifests import Manifest, kept_mode
 from ckptfs.fs.writebuffer import WriteBuffer
 from ckptfs.pipeline.cache import StagingFile
 
@@ -34,6 +34,8 @@ class Node:
     mtime_ns: int
     lookups: int = 0
     removed: bool = False
+    uid: int | None = None  # the owner its record names (None: none, see ownership.py)
+    gid: int | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -130,6 +132,7 @@ class FileNode(Node):
         self.size = m.size
         self.mode = (stat.S_IFLNK | 0o777) if m.is_symlink else m.mode
         self.mtime_ns = m.mtime_ns
+        self.uid, self.gid = m.uid, m.gid
         self.checked_at = time.monotonic()
 
 
@@ -149,13 +152,16 @@ class InodeTable:
     def get(self, inode: int) -> Node | None:
         return self.nodes.get(inode)
 
-    def new_dir(self, parent: DirNode, name: str, mode: int, mtime_ns: int) -> DirNode:
-        node = DirNode(self._next_inode, name, parent, stat.S_IFDIR | stat.S_IMODE(mode),
-                       mtime_ns)
+    def new_dir(self, parent: DirNode, name: str, mode: int, mtime_ns: int,
+                uid: int | None = None, gid: int | None = None) -> DirNode:
+        mode = stat.S_IFDIR | kept_mode(stat.S_IMODE(mode))
+        node = DirNode(self._next_inode, name, parent, mode, mtime_ns, uid=uid, gid=gid)
         return self._add(parent, node)
 
-    def new_file(self, parent: DirNode, name: str, mode: int, mtime_ns: int) -> FileNode:
-        return self._add(parent, FileNode(self._next_inode, name, parent, mode, mtime_ns))
+    def new_file(self, parent: DirNode, name: str, mode: int, mtime_ns: int,
+                 uid: int | None = None, gid: int | None = None) -> FileNode:
+        return self._add(parent, FileNode(self._next_inode, name, parent, kept_mode(mode),
+                                          mtime_ns, uid=uid, gid=gid))
 
     def _add(self, parent: DirNode, node: NodeT) -> NodeT:
         self._next_inode += 1

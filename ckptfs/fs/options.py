@@ -18,6 +18,11 @@ class Options:
     fsync_to_store: bool = MountConfig.fsync_to_store
     writer_id: str = ""
     control_socket: str = ""
+    # --uid, --gid, --file-mode, --dir-mode: what stat shows (None: the entry's own)
+    uid: int | None = None
+    gid: int | None = None
+    file_mode: int | None = None
+    dir_mode: int | None = None
 
     @classmethod
     def of(cls, cfg: MountConfig, control_socket: str) -> Options:
@@ -26,4 +31,5 @@ class Options:
         return cls(metadata_ttl=cfg.metadata_ttl, publish_timeout=cfg.publish_timeout,
                    prefetch_window=min(cfg.prefetch_window, cfg.cache_size // 4),
                    fsync_to_store=cfg.fsync_to_store, writer_id=cfg.node_id,
-                   control_socket=control_socket)
+                   control_socket=control_socket, uid=cfg.uid, gid=cfg.gid,
+                   file_mode=cfg.file_mode, dir_mode=cfg.dir_mode)

@@ -28,6 +28,7 @@ from ckptfs.common.errors import (
 from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.names import NAME_MAX
 from ckptfs.fs.namespace import DirNode, FileNode, Node
+from ckptfs.fs.ownership import Caller
 
 
 def on_core(tmp_path: Path, body: Callable[[CheckpointFS], Awaitable[None]]) -> None:
@@ -235,8 +236,8 @@ def test_other_refusals(tmp_path: Path) -> None:
     """chown to someone else, readlink of a file, unknown and set extended attributes."""
     async def body(fs: CheckpointFS) -> None:
         f = await put(fs, "f", b"x")
-        with pytest.raises(NotPermitted):
-            await fs.setattr(f.inode, uid=os.getuid() + 1)
+        with pytest.raises(NotPermitted):  # only root gives a file away
+            await fs.setattr(f.inode, uid=os.getuid() + 1, caller=Caller(1001, 1001))
         with pytest.raises(InvalidArgument):
             fs.readlink(f.inode)
         with pytest.raises(NoAttribute):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,12 +56,16 @@ def test_mount_t_fuse_ckptfs_and_an_fstab_line(tmp_path: Path, nodes: Nodes,
     nodes.append(b)
     fstab = tmp_path / "fstab"
     fstab.write_text(f"# a test fstab\n{store} {b.path} fuse.ckptfs "
-                     f"cache_dir={b.cache},noauto,_netdev,metadata_ttl=0.5 0 0\n")
+                     f"cache_dir={b.cache},noauto,_netdev,metadata_ttl=0.5,uid=4242,"
+                     f"file_mode=0640 0 0\n")
     r = subprocess.run(["mount", "--fstab", str(fstab), str(b.path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     b.pid = int(b.status()["pid"])
     assert (b / "model.pt").read_bytes() == b"w" * 100_000
+    shown = os.stat(b / "model.pt")  # uid= and file_mode= reach ckptfs through mount(8)
+    assert (shown.st_uid, shown.st_gid, stat.S_IMODE(shown.st_mode)) == (
+        4242, os.getgid(), 0o640)
     run_cli("umount", str(b.path))
     assert b.wait_exit() == 0
 

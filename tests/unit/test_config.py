@@ -182,6 +182,33 @@ def test_bad_fstab_options_are_one_line(text: str, want: str) -> None:
         config.parse_mount_options(text)
 
 
+def test_owner_and_mode_options_from_the_command_line_environment_and_fstab() -> None:
+    """--uid/--gid are ids, --file-mode/--dir-mode octal (0644, 644, 0o1777), the same
+    from the command line, a CKPTFS_ variable and an fstab -o option."""
+    env = {"CKPTFS_UID": "1000", "CKPTFS_DIR_MODE": "1777"}
+    cfg = MountConfig.from_options("s", "/m", {"gid": 100, "file_mode": "0640"}, env)
+    assert (cfg.uid, cfg.gid, cfg.file_mode, cfg.dir_mode) == (1000, 100, 0o640, 0o1777)
+    given = config.parse_mount_options("uid=0,gid=4294967294,file_mode=0o600,dir-mode=755")
+    assert given == {"uid": 0, "gid": 2**32 - 2, "file_mode": 0o600, "dir_mode": 0o755}
+    cfg = MountConfig.from_options("s", "/m", {}, {})
+    assert (cfg.uid, cfg.gid, cfg.file_mode, cfg.dir_mode) == (None, None, None, None)
+
+
+@pytest.mark.parametrize(("given", "env", "want"), [
+    ({"file_mode": "4755"}, {}, "--file-mode 4755: setuid and setgid bits are never shown"),
+    ({}, {"CKPTFS_DIR_MODE": "2775"}, "--dir-mode 2775: setuid and setgid"),
+    ({"file_mode": "0x1ff"}, {}, "invalid value '0x1ff' for --file-mode: want octal"),
+    ({}, {"CKPTFS_FILE_MODE": "rw-r--r--"}, "for CKPTFS_FILE_MODE: want octal"),
+    ({"dir_mode": "17777"}, {}, "--dir-mode 17777: more than the permission bits"),
+    ({"uid": -1}, {}, "--uid -1 is not an id (0 to 4294967294)"),
+    ({}, {"CKPTFS_GID": "4294967295"}, "--gid 4294967295 is not an id")])
+def test_bad_owner_and_mode_options_are_one_line(given: dict[str, object],
+                                                 env: dict[str, str], want: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(want)) as e:
+        MountConfig.from_options("s", "/m", given, env)
+    assert "\n" not in str(e.value)
+
+
 def test_a_choice_is_checked_however_the_config_is_made() -> None:
     with pytest.raises(ConfigError, match="--log-format yaml: want one of text, json"):
         MountConfig(store="s", mountpoint="/m", log_format="yaml")

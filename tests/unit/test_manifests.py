@@ -46,9 +46,45 @@ def test_manifest_roundtrip_empty_file_and_symlink() -> None:
 
 def test_manifest_regular_mode_normalised() -> None:
     d = json.loads(Manifest(size=0, mode=0o644, mtime_ns=0).to_json())
-    d["mode"] = stat.S_IFDIR | 0o4755  # a file manifest can only describe a regular file
+    d["mode"] = stat.S_IFDIR | 0o1755  # a file manifest can only describe a regular file
     m = Manifest.from_json(json.dumps(d).encode())
-    assert m.mode == stat.S_IFREG | 0o4755
+    assert m.mode == stat.S_IFREG | 0o1755
+
+
+@pytest.mark.parametrize("mode", [0o4755, 0o2755, 0o6755, 0o106755])
+def test_setuid_and_setgid_bits_in_a_record_are_never_kept(mode: int) -> None:
+    """A record written into the store by anyone (an old writer, a hostile one) cannot
+    make a setuid or setgid file or directory: readers drop those bits."""
+    assert Manifest.from_json(_manifest_dict(mode=mode)).mode == stat.S_IFREG | 0o755
+    marker = json.dumps({"v": 1, "mode": stat.S_IFDIR | mode, "mtime_ns": 1}).encode()
+    assert manifests.DirMarker.from_json(marker).mode == stat.S_IFDIR | 0o755
+    assert manifests.kept_mode(stat.S_IFDIR | 0o7777) == stat.S_IFDIR | 0o1777
+
+
+def test_the_owner_round_trips_and_old_records_name_none() -> None:
+    """uid and gid are kept in manifests (files and symlinks) and markers; a record
+    without them (every record before them) names no owner, and is written unchanged."""
+    m = Manifest(size=CS + 5, mode=stat.S_IFREG | 0o640, mtime_ns=7,
+                 chunks=((H1, CS), (H2, 5)), chunk_size=CS, writer="n", uid=1001, gid=2002)
+    assert json.loads(m.to_json())["uid"] == 1001
+    assert Manifest.from_json(m.to_json()) == m
+    link = Manifest(size=1, mode=stat.S_IFLNK | 0o777, mtime_ns=7, target="x", uid=0, gid=0)
+    assert Manifest.from_json(link.to_json()) == link
+    marker = manifests.DirMarker(stat.S_IFDIR | 0o1770, 9, uid=4294967294, gid=5)
+    assert manifests.DirMarker.from_json(marker.to_json()) == marker
+    old = Manifest.from_json(_manifest_dict())
+    assert (old.uid, old.gid) == (None, None)
+    assert "uid" not in json.loads(old.to_json()) and "gid" not in json.loads(old.to_json())
+    assert manifests.DirMarker.from_json(b'{"v": 1, "mode": 16877}').uid is None
+
+
+@pytest.mark.parametrize("field", ["uid", "gid"])
+@pytest.mark.parametrize("value", [-1, 2**32 - 1, 2**40, "0", 1.0, True, None])
+def test_an_owner_that_is_no_id_damages_the_record(field: str, value: object) -> None:
+    with pytest.raises(FormatError, match=f"{field} is"):
+        Manifest.from_json(_manifest_dict(**{field: value}))
+    with pytest.raises(FormatError, match=f"{field} is"):
+        manifests.DirMarker.from_json(json.dumps({"v": 1, field: value}).encode())
 
 
 def _manifest_dict(**changes: object) -> bytes:
