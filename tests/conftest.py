@@ -25,6 +25,7 @@ from fakegcs import FakeGcsServer
 from faultproxy import FaultProxy
 from mounting import Nodes, become_subreaper
 from seaweed import SeaweedServer
+from users import OtherUser, cannot_make_user, made_user
 
 from ckptfs.store.azure import AzureStore
 from ckptfs.store.gcs import GcsStore
@@ -152,6 +153,17 @@ def nodes() -> Iterator[Nodes]:
     made = Nodes()
     yield made
     made.cleanup()
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[OtherUser]:
+    """A second, unprivileged local user of this machine (useradd; userdel -r at the
+    end of the session): what another user of a shared node can do. Skipped, with the
+    reason, where the tests cannot make one (not root, no useradd)."""
+    reason = cannot_make_user()
+    if reason is not None:
+        pytest.skip(f"needs a second local user: {reason}")
+    yield from made_user()
 
 
 @pytest.fixture
