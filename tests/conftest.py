@@ -25,6 +25,7 @@ from fakegcs import FakeGcsServer
 from faultproxy import FaultProxy
 from mounting import Nodes, become_subreaper
 from seaweed import SeaweedServer
+from users import User, second_user
 
 from ckptfs.store.azure import AzureStore
 from ckptfs.store.gcs import GcsStore
@@ -152,6 +153,15 @@ def nodes() -> Iterator[Nodes]:
     made = Nodes()
     yield made
     made.cleanup()
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[User]:
+    """A second, unprivileged local user of this machine (useradd; userdel at the end of
+    the session): what another user of a shared node can do. Skipped, with the reason,
+    where the tests cannot make one (not root, no useradd)."""
+    with second_user() as user:
+        yield user
 
 
 @pytest.fixture

@@ -31,6 +31,10 @@ class User:
     gid: int
     extra_gid: int
 
+    def run(self, fn: Callable[[], object]) -> object:
+        """as_user(self, fn)."""
+        return as_user(self, fn)
+
 
 def _run_locked(*cmd: str) -> None:
     """Run useradd, groupadd, userdel...: retried while another process holds the lock

@@ -22,6 +22,7 @@ from ckptfs.cli.trash import add_trash_parser
 from ckptfs.cli.umount import add_umount_parser
 from ckptfs.cli.upgrade import add_upgrade_parser
 from ckptfs.common.errors import CkptfsError
+from ckptfs.common.redact import redact
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -120,10 +121,10 @@ def run_command(func: Callable[[Any], int], arg: Any, error_exit: int) -> int:
     try:
         return int(func(arg))
     except UsageError as e:
-        print(f"ckptfs: {e}", file=sys.stderr)
+        print(f"ckptfs: {redact(e)}", file=sys.stderr)
         return EXIT_ERROR
-    except (CliError, CkptfsError) as e:
-        print(f"ckptfs: {e}", file=sys.stderr)
+    except (CliError, CkptfsError) as e:  # may quote an endpoint or a connection string
+        print(f"ckptfs: {redact(e)}", file=sys.stderr)
         return error_exit
     except KeyboardInterrupt:
         print("ckptfs: interrupted", file=sys.stderr)

@@ -18,6 +18,7 @@ from ckptfs.common.config import (
     shown_default,
 )
 from ckptfs.common.errors import CkptfsError, ConfigError
+from ckptfs.common.redact import redact
 
 #: how the daemon marks a line for the user (mount.Notice) on the pipe to `ckptfs mount`
 NOTICE = "notice: "
@@ -103,9 +104,9 @@ def mount(store: str, mountpoint: str, given: dict[str, Any]) -> int:
             prepared = daemon.prepare(cfg)
             for notice in prepared.notices:
                 os.write(write_fd, f"{NOTICE}{notice.line()}\n".encode())
-            log_path = cfg.log_file or os.path.join(cfg.cache_dir, "ckptfs.log")
-            _detach_stdio(log_path)
-            start_log(cfg, log_path)
+            assert prepared.log_fd is not None  # opened by prepare (not in the foreground)
+            _detach_stdio(prepared.log_fd)
+            start_log(cfg, daemon.log_path(cfg))
 
             def ready(err: str | None) -> None:
                 os.write(write_fd, (err or "ok").encode() + b"\n")
@@ -124,7 +125,7 @@ def mount(store: str, mountpoint: str, given: dict[str, Any]) -> int:
             line = raw.decode(errors="replace").strip()
             if not line.startswith(NOTICE):
                 break
-            print(f"ckptfs: {line[len(NOTICE):]}", file=sys.stderr)
+            print(f"ckptfs: {redact(line[len(NOTICE):])}", file=sys.stderr)
             line = ""
     if line != "ok":
         os.waitpid(pid, 0)
@@ -139,7 +140,7 @@ def notify_systemd(err: str | None) -> None:
     where = os.environ.get("NOTIFY_SOCKET")
     if not where:
         return
-    message = "READY=1\nSTATUS=mounted" if err is None else f"STATUS={err}"
+    message = "READY=1\nSTATUS=mounted" if err is None else f"STATUS={redact(err)}"
     address = "\0" + where[1:] if where.startswith("@") else where  # "@": abstract
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
@@ -166,9 +167,10 @@ def check_mount_store(cfg: MountConfig) -> None:
         raise CliError(f"store directory does not exist: {cfg.store}; {hint}")
 
 
-def _detach_stdio(log_path: str) -> None:
+def _detach_stdio(logfd: int) -> None:
+    """The daemon's stdin from /dev/null, its stdout and stderr to the log file (`logfd`,
+    opened by prepare as the log is: never through a link, only if it is this user's)."""
     devnull = os.open(os.devnull, os.O_RDWR)
-    logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(devnull, 0)
     os.dup2(logfd, 1)
     os.dup2(logfd, 2)

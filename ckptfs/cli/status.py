@@ -13,6 +13,7 @@ from ckptfs.cli.control import control_socket, status_of, sync
 from ckptfs.cli.errors import UsageError
 from ckptfs.cli.output import human
 from ckptfs.cli.target import mount_of
+from ckptfs.common.redact import redacted
 
 
 def format_status(st: dict[str, Any]) -> str:
@@ -78,7 +79,7 @@ def cmd_status(a: argparse.Namespace) -> int:
         if not a.interval > 0:
             raise UsageError(f"--interval must be more than 0 seconds, not {a.interval:g}")
         return watch(mountpoint, sys.stdout, a.interval, a.json)
-    st = status_of(mountpoint)
+    st = redacted(status_of(mountpoint))  # the daemon's are; a daemon of before, too
     print(json.dumps(st, indent=1) if a.json else format_status(st))
     return 0
 

@@ -13,6 +13,7 @@ from ckptfs.cli.errors import CliError
 from ckptfs.cli.options import STORE_HELP, add_command, add_dry_run, add_store_options, add_target
 from ckptfs.cli.output import Column, human, print_table, utc
 from ckptfs.cli.target import Target, mounted_path, open_target, store_path
+from ckptfs.common.redact import redact
 
 if TYPE_CHECKING:
     from ckptfs.tools.trash import Entry
@@ -92,7 +93,7 @@ def restore_command(a: argparse.Namespace, t: Target, e: Entry) -> str:
     if t.mountpoint is not None:
         return f"ckptfs trash restore {shlex.quote(t.show(e.path))}"
     extra = [w for opt in ("endpoint_url", "region") if (v := getattr(a, opt, None))
-             for w in (f"--{opt.replace('_', '-')}", v)]
+             for w in (f"--{opt.replace('_', '-')}", redact(v))]
     return shlex.join(["ckptfs", "trash", "restore", t.store_arg or a.target, e.path,
                        *extra])
 

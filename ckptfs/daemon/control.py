@@ -13,6 +13,7 @@ Only the mount's owner (or root) may connect (checked with SO_PEERCRED).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from typing import Any
 
 import trio
 
+from ckptfs.common.redact import redact
 from ckptfs.daemon.client import request as request  # the client, re-exported
 
 log = logging.getLogger(__name__)
@@ -45,8 +47,8 @@ class ControlServer:
         self.latest = latest  # async (dir, pattern): the newest complete checkpoint, or None
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if os.path.exists(self.path):
-            os.unlink(self.path)
+        with contextlib.suppress(FileNotFoundError):  # a socket a killed daemon left
+            os.unlink(self.path)  # (in a private directory: the link itself, if one)
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)
         try:
@@ -108,7 +110,7 @@ class ControlServer:
             return {"latest": await self.latest(where, pattern)}
         except Exception as e:  # the store's error, a bad pattern: the client's to report
             log.warning("latest %r %r: %s", where, pattern, e)
-            return {"error": " ".join(str(e).split()) or type(e).__name__}
+            return {"error": redact(" ".join(str(e).split())) or type(e).__name__}
 
     @staticmethod
     async def _read_line(stream: trio.SocketStream) -> bytes:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,19 +21,13 @@ from prometheus_client.registry import Collector
 
 from ckptfs.common.config import metrics_address
 from ckptfs.common.latency import FUSE_BUCKETS, LatencyTable
+from ckptfs.common.redact import redact
 from ckptfs.fs.filesystem import CheckpointFS
 
 log = logging.getLogger(__name__)
 
 #: seconds between two looks at whether the mount is durable (ckptfs_seconds_since_durable)
 DURABLE_POLL = 1.0
-
-
-def public_url(url: str) -> str:
-    """A store URL without credentials, query string or fragment."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 @dataclass(frozen=True)
@@ -60,7 +53,7 @@ class MountCollector(Collector):
                  store_buckets: tuple[float, ...]) -> None:
         self.sample = sample
         self.version = version
-        self.store_url = public_url(store_url)
+        self.store_url = redact(store_url)  # a label: no credential (redact.py)
         self.store_buckets = store_buckets
 
     def collect(self) -> Iterator[Metric]:

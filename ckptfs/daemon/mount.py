@@ -32,6 +32,7 @@ import pyfuse3
 import trio
 
 from ckptfs import __version__
+from ckptfs.common import private
 from ckptfs.common.config import (
     LIMITS,
     NEW_STORE_CHUNK_SIZE,
@@ -45,10 +46,12 @@ from ckptfs.common.config import (
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import ConfigError, NotFoundError
 from ckptfs.common.latency import FUSE_BUCKETS, STORE_BUCKETS, LatencyTable
+from ckptfs.common.redact import redact, redacted
 from ckptfs.daemon import mounts
 from ckptfs.daemon.control import ControlServer
 from ckptfs.daemon.fuseops import FuseOps
 from ckptfs.daemon.locate import mount_refusal
+from ckptfs.daemon.logs import open_log
 from ckptfs.daemon.metrics import MetricsServer
 from ckptfs.format import manifests
 from ckptfs.format.chunking import check_chunk_size
@@ -108,11 +111,35 @@ def create_store(store: Store, chunk_size: int, min_record: int = NEW_STORE_MIN_
 
 
 def control_socket_path(cache_dir: str) -> str:
+    """CACHE_DIR/ctl.sock; for a cache directory whose path is too long for a socket's
+    (108 bytes), <tmp>/ckptfs-<uid>/<hash of the cache directory>.sock (socket_dir())."""
     path = os.path.join(cache_dir, "ctl.sock")
     if len(path) < 100:
         return path
     digest = hashlib.sha256(cache_dir.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"ckptfs-{os.getuid()}-{digest}.sock")
+    return os.path.join(tempfile.gettempdir(), f"ckptfs-{os.getuid()}", f"{digest}.sock")
+
+
+def socket_dir(cache_dir: str) -> None:
+    """Make the private directory of the control socket of a cache directory whose path
+    is too long (control_socket_path), or check it is one: ConfigError, one line,
+    when another user made it first, or made it a link (a name anyone can take in /tmp)."""
+    path = control_socket_path(cache_dir)
+    if os.path.dirname(path) == cache_dir:
+        return  # in the cache directory, checked as such
+    fix = (f"remove it, or use a cache directory whose path is shorter (under "
+           f"{100 - len('/ctl.sock')} characters): its control socket is then "
+           f"CACHE_DIR/ctl.sock")
+    os.close(private.open_dir(os.path.dirname(path), "the control socket's directory", fix))
+
+
+def same_store(known: str, url: str) -> bool:
+    """Whether the store a cache directory's journal names, `known`, is the one at
+    `url`: the same URL, or as an older ckptfs recorded it, with the credential now kept
+    out of it (a SAS token in the query of an Azure endpoint, a password in an
+    --endpoint-url)."""
+    return known == url or redact(known) == url or (
+        known.startswith("az://") and known.partition("?")[0].rstrip("/") == url)
 
 
 @dataclass
@@ -126,6 +153,9 @@ class Prepared:
     cache: LocalCache
     lock_fd: int
     notices: list[Notice]
+    #: the log file (log_path), opened for `ckptfs mount` to send the daemon's output
+    #: to; None in the foreground (the log goes to stderr)
+    log_fd: int | None = None
 
 
 def check_mountpoint(path: str) -> None:
@@ -203,9 +233,7 @@ def prepare(cfg: MountConfig) -> Prepared:
         raise ConfigError(f"--cache-size must be at least 4 chunks of this store "
                           f"({4 * chunk_size} bytes)")
     cfg.cache_dir = os.path.abspath(cfg.cache_dir or default_cache_dir(store.url))
-    os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
-    os.chmod(cfg.cache_dir, 0o700)
-    lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    lock_fd = open_cache_dir(cfg.cache_dir)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -214,17 +242,21 @@ def prepare(cfg: MountConfig) -> Prepared:
         by = f"the ckptfs mount on {users[0]}" if users else "another ckptfs mount"
         raise ConfigError(f"cache directory {cfg.cache_dir} is in use by {by}; give a second "
                           "mount of the same store its own: --cache-dir DIR") from None
+    socket_dir(cfg.cache_dir)
+    log_fd = None if cfg.foreground else open_log(log_path(cfg))  # refused before any change
     journal = Journal(os.path.join(cfg.cache_dir, "journal.sqlite"))
     known = journal.get_meta("store")
-    if known is not None and known != store.url:
-        raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store {known}; "
-                          "use another --cache-dir")
+    if known is not None and not same_store(known, store.url):
+        raise ConfigError(f"cache directory {cfg.cache_dir} belongs to store "
+                          f"{redact(known)}; use another --cache-dir")
+    # its staging/ and chunks/ checked (private.py): the last refusal, before any change
+    cache = LocalCache(cfg.cache_dir, cfg.cache_size, cfg.read_memory)
     if info is None:
         info = create_store(store, chunk_size, cfg.min_record or NEW_STORE_MIN_RECORD,
                             cfg.codec or NEW_STORE_CODEC)
         notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
                                             f"(chunk size {size_text(chunk_size)})"))
-    if known is None:
+    if known != store.url:  # a new cache, or one whose record held a credential
         journal.set_meta("store", store.url)
     if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely
         journal.set_meta("cache_id", uuid.uuid4().hex[:8])
@@ -234,9 +266,28 @@ def prepare(cfg: MountConfig) -> Prepared:
             f"the journal in {cfg.cache_dir} lost committed state ({damage}); the mount "
             f"checks the files this node wrote against the store, and is not durable "
             f"until that is done (ckptfs status)")))
-    cache = LocalCache(cfg.cache_dir, cfg.cache_size, cfg.read_memory)
     cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=damage is not None)
-    return Prepared(cfg, store, info, journal, cache, lock_fd, notices)
+    return Prepared(cfg, store, info, journal, cache, lock_fd, notices, log_fd)
+
+
+def log_path(cfg: MountConfig) -> str:
+    """Where the daemon of a mount in the background logs: --log-file, else
+    CACHE_DIR/ckptfs.log."""
+    return cfg.log_file or os.path.join(cfg.cache_dir, "ckptfs.log")
+
+
+def open_cache_dir(path: str) -> int:
+    """Make the cache directory (its parents as needed) or check it (private.open_dir:
+    this user's, no link, no one else may write it); the fd of its lock file, which is
+    checked the same way. ConfigError, one line, when either is refused."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    root = private.open_dir(path, "the cache directory", private.CACHE_FIX)
+    try:
+        return private.open_file("lock", os.O_RDWR | os.O_CREAT, "the lock file",
+                                 private.INSIDE_FIX, dir_fd=root,
+                                 shown=os.path.join(path, "lock"))
+    finally:
+        os.close(root)
 
 
 def fuse_options(cfg: MountConfig) -> set[str]:
@@ -434,7 +485,7 @@ class Daemon:
                   metrics_addr=self.metrics.address if self.metrics is not None else None,
                   autoprune=autoprune.statistics() if autoprune is not None else None,
                   files=fs.files_in_flight())
-        return st
+        return redacted(st)  # printed by status, returned by the Python API
 
     async def latest(self, dir_path: str, pattern: str) -> str | None:
         """`ckptfs latest` in the store for the control socket (the Python API's

@@ -17,6 +17,12 @@ the mounted file serves a second reader). Only chunks pushed out of that bounded
 unread go to the read cache on disk.
 Read-cache files found at startup are served only once re-hashed (`verify_cached`): a
 bit flipped on the cache disk, or a file cut short by a crash, must never be read.
+Nothing in the cache directory is reached through a symbolic link: the directory,
+staging/ and chunks/ are opened once as private directories (private.py: this user's,
+not a link, no one else may write them) and every file in them is opened, made (0600,
+O_EXCL) and removed relative to those, never following a link; at startup whatever
+else is found there is removed (a link itself, never its target) or left alone (a
+directory where a file belongs).
 Clean data (uploaded staging files, fetched chunks) is evicted least-recently-used first
 when the cache is over its size limit; dirty data is never evicted (writers wait
 instead, see filesystem.py), and neither is a staging file whose version's manifest is
@@ -25,10 +31,12 @@ not yet in the store (its chunks may be needed again: see publisher.py).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
+import stat
 import threading
 import weakref
 from collections import OrderedDict
@@ -36,6 +44,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ckptfs.common import private
+from ckptfs.common.errors import ConfigError
 from ckptfs.format import codec
 from ckptfs.format.chunking import MAX_CHUNK_SIZE
 
@@ -138,8 +148,17 @@ class LocalCache:
         self.memory_limit = memory_bytes
         self.staging_dir = os.path.join(root, "staging")
         self.chunks_dir = os.path.join(root, "chunks")
-        for d in (self.staging_dir, self.chunks_dir):
-            os.makedirs(d, mode=0o700, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(root)), exist_ok=True)
+        root_fd = private.open_dir(root, "the cache directory", private.CACHE_FIX)
+        try:  # every file below is opened relative to these, never through a link
+            self.staging_fd = private.open_dir("staging", "the staging directory",
+                                               private.INSIDE_FIX, dir_fd=root_fd,
+                                               shown=self.staging_dir)
+            self.chunks_fd = private.open_dir("chunks", "the read cache directory",
+                                              private.INSIDE_FIX, dir_fd=root_fd,
+                                              shown=self.chunks_dir)
+        finally:
+            os.close(root_fd)
         self._lock = threading.Lock()  # guards the read-cache index (fetch threads add)
         self.staging: dict[int, StagingFile] = {}
         self._next_staging_id = 1
@@ -174,43 +193,79 @@ class LocalCache:
         journaled chunks or an unapplied put_file op). With `keep_unnamed` (the journal
         may have lost committed state: Journal.damage), the others are kept too, in
         `unnamed`, for the check against the store (recovery.py) to read and remove."""
-        for name in os.listdir(self.staging_dir):
+        for name in os.listdir(self.staging_fd):
             sid = int(name) if name.isdigit() else -1
             self._next_staging_id = max(self._next_staging_id, sid + 1)
             if sid in keep_staging:
                 continue
-            if keep_unnamed and sid >= 0:
+            if keep_unnamed and sid >= 0 and self._is_file(self.staging_fd, name):
                 self.unnamed[sid] = os.path.join(self.staging_dir, name)
             else:
-                os.unlink(os.path.join(self.staging_dir, name))
+                self._remove(self.staging_fd, name, self.staging_dir)
         for sid in keep_staging:
-            path = os.path.join(self.staging_dir, str(sid))
-            if os.path.exists(path):
-                fd = os.open(path, os.O_RDWR)
-                info = os.fstat(fd)  # holes (chunks freed while open) take no space
-                st = StagingFile(sid, path, fd, sealed=True,
-                                 extent=min(info.st_size, info.st_blocks * 512))
-                self.staging[sid] = st
+            try:
+                fd = private.open_file(str(sid), os.O_RDWR, "the staging file",
+                                       "not used, and removed", dir_fd=self.staging_fd,
+                                       shown=os.path.join(self.staging_dir, str(sid)))
+            except FileNotFoundError:
+                continue
+            except ConfigError as e:  # as if missing: the uploader says which files lost
+                log.error("%s", e)  # chunks (none can be read from it)
+                self._remove(self.staging_fd, str(sid), self.staging_dir)
+                continue
+            info = os.fstat(fd)  # holes (chunks freed while open) take no space
+            st = StagingFile(sid, os.path.join(self.staging_dir, str(sid)), fd, sealed=True,
+                             extent=min(info.st_size, info.st_blocks * 512))
+            self.staging[sid] = st
         entries = []
-        for sub in os.listdir(self.chunks_dir):
-            subdir = os.path.join(self.chunks_dir, sub)
-            for name in os.listdir(subdir):
-                p = os.path.join(subdir, name)
-                if ".tmp" in name:
-                    os.unlink(p)
-                    continue
-                st_ = os.stat(p)
-                entries.append((st_.st_atime_ns, name, st_.st_size))
+        for sub in os.listdir(self.chunks_fd):
+            try:
+                sub_fd = os.open(sub, private.DIR_FLAGS, dir_fd=self.chunks_fd)
+            except OSError:  # not a directory (a link, a file): never looked into
+                self._remove(self.chunks_fd, sub, self.chunks_dir)
+                continue
+            try:
+                for name in os.listdir(sub_fd):
+                    st_ = os.stat(name, dir_fd=sub_fd, follow_symlinks=False)
+                    if ".tmp" in name or not stat.S_ISREG(st_.st_mode):
+                        self._remove(sub_fd, name, os.path.join(self.chunks_dir, sub))
+                        continue
+                    entries.append((st_.st_atime_ns, name, st_.st_size))
+            finally:
+                os.close(sub_fd)
         for _, name, size in sorted(entries):
             self._cached[name] = size
             self._unverified.add(name)
 
+    @staticmethod
+    def _is_file(dir_fd: int, name: str) -> bool:
+        """Whether `name` in the directory `dir_fd` is a regular file (not a link)."""
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+
+    @staticmethod
+    def _remove(dir_fd: int, name: str, shown_dir: str) -> None:
+        """Remove what is at `name` in the directory `dir_fd` at startup: a file, or a link
+        itself (never what it points to); a directory is left, with a warning."""
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("left %s in the cache directory: %s", os.path.join(shown_dir, name),
+                        e.strerror)
+
     # -- staging files ---------------------------------------------------------------
     def new_staging(self) -> StagingFile:
-        sid = self._next_staging_id
-        self._next_staging_id += 1
-        path = os.path.join(self.staging_dir, str(sid))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        while True:  # O_EXCL: always a file of its own, made here (0600)
+            sid = self._next_staging_id
+            self._next_staging_id += 1
+            path = os.path.join(self.staging_dir, str(sid))
+            try:
+                fd = os.open(str(sid), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=self.staging_fd)
+                break
+            except FileExistsError:
+                continue
         st = StagingFile(sid, path, fd)
         self.staging[sid] = st
         return st
@@ -280,7 +335,7 @@ class LocalCache:
         try:
             os.close(st.fd)
             st.fd = -1
-            os.unlink(st.path)
+            os.unlink(str(st.id), dir_fd=self.staging_fd)
         except OSError as e:
             log.warning("could not remove staging file %s: %s", st.path, e)
 
@@ -328,9 +383,9 @@ class LocalCache:
                 self._cached.move_to_end(chunk_hash)
             fd = self._fds.get(chunk_hash)
             if fd is None:
-                path = self._chunk_path(chunk_hash) if in_place is None else in_place[0]
                 try:
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = (self._open_cached(chunk_hash) if in_place is None
+                          else os.open(in_place[0], os.O_RDONLY))
                 except FileNotFoundError:
                     if in_place is None:
                         raise
@@ -368,17 +423,39 @@ class LocalCache:
             return chunk_hash in self._unverified
 
     # -- read cache (called from fetch threads) ---------------------------------------
-    def _chunk_path(self, chunk_hash: str) -> str:
-        return os.path.join(self.chunks_dir, chunk_hash[:2], chunk_hash)
+    @staticmethod
+    def _chunk_name(chunk_hash: str) -> str:
+        """The read-cache file of a chunk, relative to chunks/ (chunks_fd)."""
+        return f"{chunk_hash[:2]}/{chunk_hash}"
+
+    def _open_cached(self, chunk_hash: str) -> int:
+        """The read-cache file of a chunk, opened for reading; its directory chunks/<h:2>
+        is one ckptfs made (scan removed anything else), and the file is no link."""
+        return os.open(self._chunk_name(chunk_hash), os.O_RDONLY | os.O_NOFOLLOW
+                       | os.O_CLOEXEC, dir_fd=self.chunks_fd)
 
     def put_fetched(self, chunk_hash: str, data: codec.Buffer) -> None:
         """Store a verified chunk in the read cache (atomically: temp file + rename)."""
-        path = self._chunk_path(chunk_hash)
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.tmp{threading.get_ident()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        sub = chunk_hash[:2]
+        try:
+            os.mkdir(sub, 0o700, dir_fd=self.chunks_fd)
+        except FileExistsError:
+            pass
+        sub_fd = os.open(sub, private.DIR_FLAGS, dir_fd=self.chunks_fd)
+        try:
+            tmp = f"{chunk_hash}.tmp{threading.get_ident()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=sub_fd)
+            try:
+                with open(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, chunk_hash, src_dir_fd=sub_fd, dst_dir_fd=sub_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=sub_fd)
+                raise
+        finally:
+            os.close(sub_fd)
         with self._lock:
             self._cached[chunk_hash] = len(data)
             self._unverified.discard(chunk_hash)
@@ -446,7 +523,7 @@ class LocalCache:
         hasher = codec.chunk_hasher()
         size = 0
         try:
-            with open(self._chunk_path(chunk_hash), "rb", buffering=0) as f:
+            with open(self._open_cached(chunk_hash), "rb", buffering=0) as f:
                 while size <= MAX_CHUNK_SIZE:
                     block = pread_scratch(f.fileno(), VERIFY_BLOCK, size)
                     if not block:
@@ -462,7 +539,7 @@ class LocalCache:
                 self._cached.pop(chunk_hash, None)
         if not ok:  # no fd of it is open: locate() never opens an unverified file
             try:
-                os.unlink(self._chunk_path(chunk_hash))
+                os.unlink(self._chunk_name(chunk_hash), dir_fd=self.chunks_fd)
             except FileNotFoundError:
                 pass
         return ok
@@ -524,7 +601,7 @@ class LocalCache:
                 if fd is not None:
                     os.close(fd)
                 try:
-                    os.unlink(self._chunk_path(victim))
+                    os.unlink(self._chunk_name(victim), dir_fd=self.chunks_fd)
                 except FileNotFoundError:
                     pass
             elif self._clean_staging:
@@ -548,3 +625,7 @@ class LocalCache:
                 os.close(st.fd)
             except OSError:
                 pass
+        for fd in (self.staging_fd, self.chunks_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.staging_fd = self.chunks_fd = -1

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import ParamSpec, TypeVar
 
+from ckptfs.common import private
 from ckptfs.common.errors import JournalError, JournalFull
 
 log = logging.getLogger(__name__)
@@ -331,10 +332,14 @@ class Journal:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        for name in (path, path + "-wal", path + "-shm"):  # SQLite opens them by path
+            private.check_file(name, "the journal file", private.INSIDE_FIX)
         damage = wal_damage(path)
         if damage is not None:
             stamp = _damaged_suffix()  # SQLite is about to drop what follows: keep a copy
-            with open(path + "-wal", "rb") as src, open(path + "-wal" + stamp, "wb") as dst:
+            copy = private.open_file(path + "-wal" + stamp, os.O_WRONLY | os.O_CREAT
+                                     | os.O_EXCL, "the copy of the journal", private.INSIDE_FIX)
+            with open(path + "-wal", "rb") as src, open(copy, "wb") as dst:
                 dst.write(src.read())
             damage += f"; the log is kept as {path}-wal{stamp}"
         try:
@@ -358,11 +363,12 @@ class Journal:
 
     def _open(self) -> sqlite3.Connection:
         """Connect and check the database; sqlite3.DatabaseError if it is damaged."""
-        new = not os.path.exists(self.path)
+        if not private.check_file(self.path, "the journal file", private.INSIDE_FIX):
+            # made here, 0600 (SQLite gives its -wal and -shm the same mode)
+            os.close(private.open_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                       "the journal file", private.INSIDE_FIX))
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
-            if new:
-                os.chmod(self.path, 0o600)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             problems = [str(r[0]) for r in db.execute("PRAGMA quick_check")]

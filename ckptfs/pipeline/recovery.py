@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ckptfs.common import private
 from ckptfs.common.config import LIMITS
 from ckptfs.common.errors import (
+    ConfigError,
     FormatError,
     InvalidKeyError,
     JournalError,
@@ -187,7 +189,7 @@ class JournalCheck:
         out = {}
         for sid, path in kept.items():
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
             except OSError as e:
@@ -241,13 +243,15 @@ class JournalCheck:
                 if sid in claimed:
                     os.unlink(path)
                     continue
-                os.makedirs(self.unclaimed_dir, mode=0o700, exist_ok=True)
+                # made 0700 or checked: this user's, not a link (private.py)
+                os.close(private.open_dir(self.unclaimed_dir, "the directory",
+                                          private.INSIDE_FIX))
                 target, n = os.path.join(self.unclaimed_dir, str(sid)), 0
                 while os.path.exists(target):
                     n += 1
                     target = os.path.join(self.unclaimed_dir, f"{sid}.{n}")
                 os.rename(path, target)
                 moved += 1
-            except OSError as e:
+            except (OSError, ConfigError) as e:
                 log.warning("could not remove staging file %s: %s", path, e)
         return moved

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ckptfs.common.errors import ConfigError
+from ckptfs.common.redact import redact
 from ckptfs.store.base import AsyncStore, Listing, ObjectInfo, Store
 from ckptfs.store.local import LocalStore
 
@@ -63,8 +64,9 @@ def check_endpoint(endpoint: str, url: str) -> str:
     except ValueError:
         ok = False
     if not ok:
-        raise ConfigError(f"invalid endpoint {endpoint!r} ({origin}): want http://HOST[:PORT] "
-                          f"or https://HOST[:PORT], e.g. http://127.0.0.1:8333")
+        raise ConfigError(f"invalid endpoint {redact(endpoint)!r} ({origin}): want "
+                          f"http://HOST[:PORT] or https://HOST[:PORT], e.g. "
+                          f"http://127.0.0.1:8333")
     return endpoint
 
 

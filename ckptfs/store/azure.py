@@ -23,6 +23,7 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobPrefix, BlobServiceClient, ContainerClient, LinearRetry
 
 from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
+from ckptfs.common.redact import redact
 from ckptfs.store.base import ObjectInfo, one_line, root_cause
 from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
@@ -61,7 +62,10 @@ def _credential(endpoint_url: str | None) -> tuple[str, Any]:
         except ValueError as e:
             raise ConfigError(f"{CONNECTION_STRING} is not a valid connection string: "
                               f"{one_line(e).split(';')[0]}") from None
-        return endpoint_url or service.url.rstrip("/"), service.credential
+        # a SAS connection string puts its token in the client's URL: it goes back to
+        # the SDK as the credential, and the store's URL (for messages) is without it
+        account_url, _, token = service.url.partition("?")
+        return endpoint_url or account_url.rstrip("/"), service.credential or token or None
     account = _env(*ACCOUNT_VARS)
     if not account and not endpoint_url:
         raise ConfigError(f"no Azure storage account: set {CONNECTION_STRING}, or "
@@ -98,7 +102,7 @@ class AzureStore(PrefixedStore):
                  connect_timeout: float, read_timeout: float) -> None:
         self.container = self.space
         account_url, credential = _credential(endpoint_url)
-        self.endpoint = self.url_endpoint = account_url
+        self.endpoint = self.url_endpoint = redact(account_url)  # in messages
         session = requests.Session()
         pool_connections(session, max_pool_connections)
         transport = RequestsTransport(session=session, session_owner=True,

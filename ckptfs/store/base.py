@@ -13,6 +13,7 @@ import trio
 
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import InvalidKeyError, PermanentStoreError, StoreError
+from ckptfs.common.redact import redact
 from ckptfs.common.retry import retrying
 
 T = TypeVar("T")
@@ -92,8 +93,9 @@ def root_cause(e: BaseException) -> str:
 
 
 def one_line(text: object) -> str:
-    """`text` as a single line (error messages go to logs and to the status file)."""
-    return " ".join(str(text).split())
+    """`text` as a single line (error messages go to logs and to the status file), any
+    credential in it redacted (an SDK's message may quote a URL with its SAS token)."""
+    return redact(" ".join(str(text).split()))
 
 
 class Store(abc.ABC):

@@ -19,6 +19,7 @@ from google.resumable_media import common as media
 from urllib3.util.retry import Retry
 
 from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
+from ckptfs.common.redact import redact
 from ckptfs.store.base import ObjectInfo, one_line, root_cause
 from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
@@ -82,8 +83,8 @@ class GcsStore(PrefixedStore):
         if getattr(self._client, "_bucket_metadata_cache", None) is not None:
             self._client._bucket_metadata_cache = None
         self._bucket = self._client.bucket(self.bucket_name)
-        self.endpoint: str = endpoint or "https://storage.googleapis.com"
-        self.url_endpoint = endpoint
+        self.endpoint: str = redact(endpoint or "https://storage.googleapis.com")  # messages
+        self.url_endpoint = redact(endpoint) if endpoint else None
         self._timeout = (connect_timeout, read_timeout)
 
     def _blob(self, key: str) -> Any:

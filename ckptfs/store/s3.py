@@ -35,6 +35,7 @@ from ckptfs.common.errors import (
     StoreError,
     TransientStoreError,
 )
+from ckptfs.common.redact import redact
 from ckptfs.store.base import ObjectInfo, one_line, restamp_if_slow, root_cause
 from ckptfs.store.bucket import PrefixedStore, status_class
 
@@ -206,8 +207,8 @@ class S3Store(PrefixedStore):
                                read_timeout)
         session = boto3.session.Session(region_name=self._region)
         self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
-        self.endpoint = self._client.meta.endpoint_url
-        self.url_endpoint = endpoint_url
+        self.endpoint = redact(self._client.meta.endpoint_url)  # in messages: no password
+        self.url_endpoint = redact(endpoint_url) if endpoint_url else None
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from pipeline_helpers import staged
 
+from ckptfs.common.errors import ConfigError
 from ckptfs.format import codec
 from ckptfs.pipeline.cache import LocalCache
 
@@ -177,6 +179,80 @@ def test_cache_scan_at_startup(tmp_path: Path) -> None:
         assert cache.has(h_new)
     finally:
         cache.close()
+
+
+def tree(top: Path) -> dict[str, tuple[int, int, bytes | None]]:
+    """Every path under `top` (itself included): mode, owner, and a file's bytes."""
+    out = {}
+    for p in [top, *top.rglob("*")]:
+        st = p.lstat()
+        out[str(p)] = (st.st_mode, st.st_uid, p.read_bytes() if p.is_file() else None)
+    return out
+
+
+def victim_dir(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    for name in ("1", "2", "a.bin"):
+        (victim / name).write_bytes(b"not the cache's " + name.encode())
+    (victim / "12").mkdir(mode=0o755)
+    return victim
+
+
+@pytest.mark.parametrize("name", ["staging", "chunks"])
+def test_a_link_in_place_of_a_cache_directory_is_refused(tmp_path: Path, name: str) -> None:
+    """staging/ or chunks/ a symbolic link (to a directory with files named as staging
+    files): one line, and nothing in the directory it points to is opened or removed."""
+    victim = victim_dir(tmp_path)
+    before = tree(victim)
+    root = tmp_path / "c"
+    root.mkdir(mode=0o700)
+    (root / name).symlink_to(victim)
+    with pytest.raises(ConfigError) as refused:
+        LocalCache(str(root), limit_bytes=1 << 20)
+    what = "the staging directory" if name == "staging" else "the read cache directory"
+    assert str(refused.value) == (
+        f"{what} {root / name} is a symbolic link: remove it (ckptfs never follows a "
+        f"link, nor uses another user's file, in its cache directory), or use another "
+        f"--cache-dir")
+    assert tree(victim) == before
+
+
+def test_links_and_strangers_in_the_cache_are_never_followed(tmp_path: Path) -> None:
+    """At startup a link in staging/ or chunks/ is removed, never what it points to; a
+    journaled staging file that is a link is not used (its chunks are then missing);
+    a new staging file is always one the cache makes (O_EXCL), never one found there."""
+    victim = victim_dir(tmp_path)
+    before = tree(victim)
+    root = tmp_path / "c"
+    (root / "staging").mkdir(parents=True)
+    (root / "chunks").mkdir()
+    (root / "staging" / "3").symlink_to(victim / "1")  # journaled: kept, if it were a file
+    (root / "staging" / "4").symlink_to(victim / "2")  # not journaled: removed
+    (root / "staging" / "5").mkdir()  # a directory: left alone
+    (root / "chunks" / "12").symlink_to(victim / "12")  # a chunk directory
+    h = "12" + "a" * 30  # a chunk of that directory, fetched later
+    (root / "chunks" / "00").mkdir()
+    (root / "chunks" / "00" / fake_hash(1)).symlink_to(victim / "a.bin")  # a chunk file
+    cache = LocalCache(str(root), limit_bytes=1 << 20)
+    try:
+        cache.scan(keep_staging={3})
+        assert cache.staging == {}
+        assert sorted(os.listdir(root / "staging")) == ["5"]
+        assert os.listdir(root / "chunks") == ["00"] and os.listdir(root / "chunks" / "00") == []
+        assert cache.cached_bytes == 0
+        planted = root / "staging" / "6"  # the next id, made meanwhile by someone else
+        planted.write_bytes(b"")
+        st = cache.new_staging()
+        assert st.id == 7 and os.stat(st.path).st_mode & 0o777 == 0o600
+        os.pwrite(st.fd, b"weights", 0)
+        assert planted.read_bytes() == b""
+        cache.put_fetched(h, b"chunk")  # chunks/12 is a directory of the cache's own now
+        assert (root / "chunks" / h[:2]).is_dir() and not (root / "chunks" / h[:2]).is_symlink()
+        assert (root / "chunks" / h[:2] / h).read_bytes() == b"chunk"
+    finally:
+        cache.close()
+    assert tree(victim) == before
 
 
 def test_a_read_from_memory_is_a_view_whose_buffer_is_not_reused_while_it_lives(
