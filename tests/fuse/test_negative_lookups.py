@@ -31,6 +31,15 @@ def test_files_closed_on_another_node_in_a_directory_made_here_are_seen_at_once(
         assert sorted(os.listdir(a / d)) == ["process_0", "process_1"], step
         assert (a / d / "process_1").stat().st_size == step + 1
         assert (a / d / "process_1").read_bytes() == b"b" * (step + 1)
+    # latest and prune, through A's mount right after B's close (and sync): they read the
+    # store itself, and A's next listing shows what prune left
+    (b / "step-50").mkdir()
+    (b / "step-50" / "process_1").write_bytes(b"new")
+    run_cli("sync", str(b.path))
+    latest = run_cli("latest", str(a.path), "--pattern", "step-*").stdout.strip()
+    assert latest.endswith("step-50"), latest
+    run_cli("prune", str(a.path), "--keep-last", "1", "--pattern", "step-*")
+    assert os.listdir(a.path) == ["step-50"]
 
 
 def test_names_made_and_removed_elsewhere_are_seen_by_the_next_call(
