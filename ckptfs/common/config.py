@@ -310,9 +310,11 @@ class MountConfig:
                                 kind="int", metavar="N")
     #: memory: a reader's prefetched, unread chunks (at most --cache-size / 4)
     prefetch_window: int = 256 << 20
-    #: requests: one LIST per directory and one GET per opened file per TTL
+    #: requests: one LIST per directory and one GET per opened file per TTL; listings
+    #: and lookups of names not known here ask the store whatever it is (listing.py)
     metadata_ttl: float = option(
-        1.0, "--metadata-ttl", "seconds a listing or manifest is trusted before re-reading "
+        1.0, "--metadata-ttl", "seconds a known name, its attributes and its manifest are "
+        "trusted before re-reading; a name another node made is always seen at once "
         "(default {})", kind="float", metavar="S")
     publish_timeout: float = 10.0  # seconds a close waits for its publish before returning
     missing_chunk_timeout: float = option(
