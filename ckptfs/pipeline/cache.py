@@ -329,9 +329,9 @@ class LocalCache:
             fd = self._fds.get(chunk_hash)
             if fd is None:
                 path = self._chunk_path(chunk_hash) if in_place is None else in_place[0]
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except FileNotFoundError:
+                try:  # a store's file may have been swapped: no link, no FIFO wait
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                except OSError:
                     if in_place is None:
                         raise
                     self._not_in_place(chunk_hash)
