@@ -200,7 +200,7 @@ class SwappedAfterRead(FaultyStore):
         self.key, self.data, self.swapped = key, data, False
 
     def get(self, key: str, limit: int | None = None) -> bytes:
-        blob = self.inner.get(key, limit)
+        blob = self.inner.get(key) if limit is None else self.inner.get(key, limit)
         if key == self.key and not self.swapped:
             self.swapped = True
             self.inner.put(key, self.data)

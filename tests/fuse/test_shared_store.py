@@ -12,6 +12,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -23,7 +24,6 @@ from typing import Any
 
 import pytest
 from mounting import CKPTFS, Mount, Nodes, run_cli
-from support import random_bytes
 from treefuzz import SECRET, crafted_store, fuzz, limit_memory, outside_tree
 
 #: the system's interpreter, which any user may run (the standard library is all the
@@ -82,6 +82,26 @@ def secret(tmp_path: Path) -> Path:
     return path
 
 
+def in_mount(mount: Mount, code: str, timeout: float = 30) -> Any:
+    """Run Python `code` (file calls on `mount`) in a child process: what it printed last,
+    as JSON. If it still runs after `timeout` seconds, the mount's daemon is killed (a
+    file call the kernel sent to a daemon that never answers ends only so) and the test
+    fails."""
+    child = subprocess.Popen([sys.executable, "-c", "import json, os\n" + textwrap.dedent(code)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        assert mount.pid is not None
+        os.kill(mount.pid, signal.SIGKILL)
+        child.kill()
+        child.communicate()
+        raise AssertionError(f"a file call through the mount still blocked after {timeout}s "
+                             f"(its daemon was killed)") from None
+    assert child.returncode == 0, err
+    return json.loads(out.splitlines()[-1])
+
+
 def limited_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """`ckptfs ARGS` with a 3 GiB address space and a timeout (AssertionError if it still
     runs then)."""
@@ -137,10 +157,13 @@ def test_another_users_link_is_never_copied_and_weights_stay_private(
         os.symlink("{secret}", "{shared}/files/ckpt-1/leak%o")
     """)
     a = nodes.mount(str(shared), tmp_path, "a")
-    for n in (1, 2, 3):
-        (a / f"ckpt-{n}").mkdir(exist_ok=True)
-        (a / f"ckpt-{n}" / "model.pt").write_bytes(random_bytes(300_000, seed=n))
-    assert sorted(os.listdir(a / "ckpt-1")) == ["model.pt"]
+    assert in_mount(a, f"""
+        for n in (1, 2, 3):
+            os.makedirs("{a.path}/ckpt-%d" % n, exist_ok=True)
+            with open("{a.path}/ckpt-%d/model.pt" % n, "wb") as f:
+                f.write(os.urandom(300_000))
+        print(json.dumps(sorted(os.listdir("{a.path}/ckpt-1"))))
+    """) == ["model.pt"]
     a.umount()
     assert "files/ckpt-1/leak%o in the store" in a.log()
 
@@ -151,14 +174,14 @@ def test_another_users_link_is_never_copied_and_weights_stay_private(
         f"never writes there: skipped (not followed, not read; remove it)"], r.stderr
     assert any(p.startswith("trash/") for p in owned_by_root(shared))  # pruned to the trash
 
-    for path, st in owned_by_root(shared).items():
-        if stat.S_ISREG(st.st_mode):
-            assert SECRET not in (shared / path).read_bytes(), path
-            assert stat.S_IMODE(st.st_mode) == 0o600, (path, oct(st.st_mode))
-        else:
-            assert stat.S_IMODE(st.st_mode) == 0o700, (path, oct(st.st_mode))
+    written = owned_by_root(shared)
+    assert [p for p, st in written.items()
+            if stat.S_ISREG(st.st_mode) and SECRET in (shared / p).read_bytes()] == []
     seen = as_user(intruder, READ_EVERYTHING.format(root=str(shared), secret=SECRET))
     assert seen["found"] == [] and seen["read"] == 0 and seen["refused"] > 0, seen
+    for path, st in written.items():
+        want = 0o600 if stat.S_ISREG(st.st_mode) else 0o700
+        assert stat.S_IMODE(st.st_mode) == want, (path, oct(st.st_mode))
     chunk = next(p for p in owned_by_root(shared) if p.startswith("chunks/") and
                  p.endswith("%o"))
     assert as_user(intruder, f"""
@@ -188,16 +211,15 @@ def test_another_users_fifo_and_link_to_dev_zero_are_one_line_at_once(
         os.mkfifo("{shared}/files/run/fifo%o")
     """)
     a = nodes.mount(str(shared), tmp_path, "a")
-    (a / "run").mkdir(exist_ok=True)  # its files/run holds no object of ckptfs's yet
-    (a / "run" / "model.pt").write_bytes(b"weights")
-    a.sync()
-    walk = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import json, os
-        names = sorted(os.listdir("{a / 'run'}"))
-        missing = [n for n in ("zero", "fifo") if not os.path.exists("{a / 'run'}/" + n)]
-        print(json.dumps([names, missing, open("{a / 'run' / 'model.pt'}").read()]))
-    """)], capture_output=True, text=True, timeout=30)
-    assert json.loads(walk.stdout) == [["model.pt"], ["zero", "fifo"], "weights"], walk.stderr
+    run = a / "run"
+    assert in_mount(a, f"""
+        os.makedirs("{run}", exist_ok=True)  # its files/run holds no object of ckptfs's yet
+        with open("{run}/model.pt", "w") as f:
+            f.write("weights")
+        names = sorted(os.listdir("{run}"))
+        missing = [n for n in ("zero", "fifo") if not os.path.exists("{run}/" + n)]
+        print(json.dumps([names, missing, open("{run}/model.pt").read()]))
+    """) == [["model.pt"], ["zero", "fifo"], "weights"]
     a.umount()
     skipped = {f"files/run/{n}%o in the store file://{shared} is {kind}, which ckptfs never "
                f"writes there: skipped (not followed, not read; remove it)"
@@ -218,8 +240,8 @@ def test_a_mount_answers_a_fuzzed_tree(tmp_path: Path, nodes: Nodes) -> None:
     outside = outside_tree(tmp_path / "outside")
     planted = fuzz(store, outside, seed=2, keep_info=True)
     m: Mount = nodes.mount(str(store.root), tmp_path, "a")
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import errno, json, os
+    seen, errors = in_mount(m, f"""
+        import errno
         seen, errors = 0, {{}}
         for dirpath, dirnames, filenames in os.walk({str(m.path)!r}):
             for name in filenames:
@@ -233,9 +255,7 @@ def test_a_mount_answers_a_fuzzed_tree(tmp_path: Path, nodes: Nodes) -> None:
                 except OSError as e:
                     errors[path] = errno.errorcode[e.errno]
         print(json.dumps([seen, errors]))
-    """)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, (planted, r.stderr)
-    seen, errors = json.loads(r.stdout)
+    """, timeout=60)
     assert seen > 0 and set(errors.values()) <= {"EIO"}, (planted, errors)
     with open(f"/proc/{m.pid}/status") as f:
         peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
