@@ -236,7 +236,7 @@ def prepare(cfg: MountConfig) -> Prepared:
     if info is None:
         info = create_store(store, chunk_size, cfg.min_record or NEW_STORE_MIN_RECORD,
                             cfg.codec or NEW_STORE_CODEC,
-                            parse_store_mode(cfg.store_mode or f"{NEW_STORE_MODE:o}"))
+                            parse_store_mode(cfg.store_mode) if cfg.store_mode else NEW_STORE_MODE)
         mode = "" if info.store_mode is None else f", files {info.store_mode:04o}"
         notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
                                             f"(chunk size {size_text(chunk_size)}{mode})"))
