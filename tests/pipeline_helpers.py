@@ -26,10 +26,10 @@ class RecordingStore(FaultyStore):
         self.get_intervals: list[tuple[float, float]] = []
         self.heads: list[str] = []  # every key HEADed, in order
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         start = time.monotonic()
         try:
-            return super().get(key)
+            return super().get(key, limit)
         finally:
             self.get_intervals.append((start, time.monotonic()))
 

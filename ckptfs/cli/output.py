@@ -47,13 +47,15 @@ def first_few(items: Sequence[str], limit: int = 3) -> str:
 
 
 def describe_format(info: StoreInfo) -> str:
-    """One store format in a few words: 'format 1: fixed 16.0 MiB chunks, lz4'."""
+    """One store format in a few words: 'format 1: fixed 16.0 MiB chunks, lz4' (and, a
+    directory store that records the mode of its files, ', files 0600')."""
     if info.chunking == "records":
         cut = (f"chunks cut at tensor boundaries (records of {human(info.min_record)} or "
                f"more get their own, none over {human(info.chunk_size)})")
     else:
         cut = f"fixed {human(info.chunk_size)} chunks"
-    return f"format {info.format}: {cut}, {info.codec}"
+    files = "" if info.store_mode is None else f", files {info.store_mode:04o}"
+    return f"format {info.format}: {cut}, {info.codec}{files}"
 
 
 # ---------------------------------------------------------------------------- tables

@@ -26,6 +26,13 @@ NEW_STORE_CHUNK_SIZE = 16 << 20
 NEW_STORE_MIN_RECORD = 256 << 10
 NEW_STORE_CODEC = "zstd4"
 CODECS = ("zstd4", "lz4")
+#: the modes a directory store may give the files it writes (--store-mode, and
+#: ckptfs.json's store_mode): its owner reads and writes them; its group reads them, or
+#: reads and writes them; others read them at most, and only where the group does; nobody
+#: executes them. Its directories get the same bits, and x wherever there is r
+#: (dir_mode). A new directory store gets NEW_STORE_MODE: only its owner reads weights.
+STORE_MODES = (0o600, 0o640, 0o660, 0o644, 0o664)
+NEW_STORE_MODE = 0o600
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: the largest uid or gid an entry can be owned by: uid_t is 32 bits, and -1 (2^32 - 1)
 #: means "unchanged" to chown
@@ -79,6 +86,11 @@ class Limits:
     log_bytes: int = 16 << 20
     #: rotated log files kept (ckptfs.log.1 ... .N)
     log_files: int = 3
+    #: bytes of the largest record (ckptfs.json, a manifest, a directory marker, a rename
+    #: intent, a trash entry) a reader takes: a larger one is damaged, refused before it is
+    #: read (docs/FORMAT.md, "Record sizes"). 64 MiB holds a manifest of 1.4 million
+    #: chunks (memory: up to this per record GET in flight, and its parse a few times more)
+    record_bytes: int = 64 << 20
 
 
 LIMITS = Limits()
@@ -240,6 +252,23 @@ def metrics_address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def parse_store_mode(text: str) -> int:
+    """A directory store's file mode written in octal ("0640" or "640"); ValueError, with
+    a one-line reason, unless it is one of STORE_MODES."""
+    digits = text[1:] if len(text) == 4 and text[0] == "0" else text
+    value = int(digits, 8) if len(digits) == 3 and all(c in "01234567" for c in digits) else -1
+    if value not in STORE_MODES:
+        raise ValueError(f"{text!r} is not a mode a directory store may give its files: want "
+                         f"one of {', '.join(f'{m:04o}' for m in STORE_MODES)}")
+    return value
+
+
+def dir_mode(file_mode: int) -> int:
+    """The mode of a directory store's directories, for files of `file_mode`: the same
+    bits and x wherever there is r (0600 -> 0700, 0640 -> 0750)."""
+    return file_mode | (file_mode & 0o444) >> 2
+
+
 def default_cache_dir(store_url: str) -> str:
     """A per-user, per-store cache directory: $XDG_CACHE_HOME/ckptfs/<store hash>."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -291,6 +320,12 @@ class MountConfig:
         None, "--storage-class", "S3 storage class of chunk objects, e.g. STANDARD_IA or "
         "INTELLIGENT_TIERING (if not given: {}); manifests stay in the bucket's default class. "
         "s3:// stores only", metavar="CLASS", shown="the bucket's default")
+    store_mode: str | None = option(
+        None, "--store-mode", "directory stores: the mode of the files a NEW store writes "
+        "(default {}: only the store's owner reads them; 0640 or 0660: its group reads "
+        "them, or writes too; also 0644, 0664); its directories get x where there is r "
+        "(0700, 0750, ...); an existing store keeps its own (ckptfs.json)",
+        metavar="MODE", shown=f"{NEW_STORE_MODE:04o}")
     #: store: deleted versions' chunks stay this much longer before gc can free them
     trash_hours: float = option(
         24.0, "--trash-hours", "deleted files (unlink, rm -rf, a rename over a file) stay in "
@@ -412,6 +447,15 @@ class MountConfig:
         if self.metrics_addr is not None:
             metrics_address(self.metrics_addr)
         self._check_keep()
+        if self.store_mode is not None:
+            try:
+                parse_store_mode(self.store_mode)
+            except ValueError as e:
+                raise ConfigError(f"--store-mode {e}") from None
+            scheme = self.store.partition("://")[0] if "://" in self.store else "file"
+            if scheme.lower() != "file":
+                raise ConfigError(f"--store-mode applies to directory stores only, not "
+                                  f"{self.store} (a bucket's access is its own policy's)")
         if self.storage_class is not None:
             self.storage_class = self.storage_class.upper()
             if self.storage_class not in STORAGE_CLASSES:

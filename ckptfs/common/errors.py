@@ -37,6 +37,14 @@ class NotFoundError(StoreError):
     permanent = True
 
 
+class BadObjectError(PermanentStoreError, FormatError):
+    """What the store holds under a key cannot be an object a writer made: in a directory
+    store, a symbolic link, FIFO, device, socket or directory where a file belongs (or
+    anything but a directory on its path); in any store, an object larger than the read
+    takes (a record over LIMITS.record_bytes, a chunk object over its largest size). Never
+    read: permanent for the store's callers, a damaged record for the readers of records."""
+
+
 class CorruptChunkError(CkptfsError):
     """A chunk's bytes do not match its name (hash), or its header is malformed."""
 

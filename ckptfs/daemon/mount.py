@@ -38,9 +38,11 @@ from ckptfs.common.config import (
     NEW_STORE_CHUNK_SIZE,
     NEW_STORE_CODEC,
     NEW_STORE_MIN_RECORD,
+    NEW_STORE_MODE,
     MountConfig,
     check_glob,
     default_cache_dir,
+    parse_store_mode,
     trash_seconds,
 )
 from ckptfs.common.crashpoints import crash_point
@@ -65,7 +67,7 @@ from ckptfs.pipeline.journal import Journal
 from ckptfs.pipeline.publisher import Publisher
 from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.pipeline.uploader import Uploader
-from ckptfs.store import open_store
+from ckptfs.store import LocalStore, open_store
 from ckptfs.store.base import AsyncStore, Store
 from ckptfs.store.timed import TimedStore
 from ckptfs.tools import inspection
@@ -94,17 +96,23 @@ def size_text(n: int) -> str:
 
 
 def read_store_info(store: Store) -> StoreInfo | None:
-    """<prefix>/ckptfs.json (its version checked), or None where there is no store yet."""
+    """<prefix>/ckptfs.json (its version checked), or None where there is no store yet;
+    a directory store then writes with the mode it records (inspection.use_store_mode)."""
     try:
-        return StoreInfo.from_json(store.get(manifests.INFO_KEY))
+        info = StoreInfo.from_json(store.get_record(manifests.INFO_KEY))
     except NotFoundError:
         return None
+    inspection.use_store_mode(store, info)
+    return info
 
 
 def create_store(store: Store, chunk_size: int, min_record: int = NEW_STORE_MIN_RECORD,
-                 codec: str = NEW_STORE_CODEC) -> StoreInfo:
-    """Initialise a new store: ckptfs.json, then the root directory's marker."""
-    info = StoreInfo(chunk_size=chunk_size, min_record=min_record, codec=codec)
+                 codec: str = NEW_STORE_CODEC, store_mode: int = NEW_STORE_MODE) -> StoreInfo:
+    """Initialise a new store: ckptfs.json, then the root directory's marker; a directory
+    store records `store_mode`, the mode of its files, and writes both with it."""
+    info = StoreInfo(chunk_size=chunk_size, min_record=min_record, codec=codec,
+                     store_mode=store_mode if isinstance(store, LocalStore) else None)
+    inspection.use_store_mode(store, info)
     store.put(manifests.INFO_KEY, info.to_json())
     store.put(manifests.dir_key(""), manifests.DirMarker().to_json())
     return info
@@ -214,6 +222,12 @@ def prepare(cfg: MountConfig) -> Prepared:
             notices.append(Notice(logging.WARNING, (
                 f"--codec {cfg.codec} is ignored: the store at {store.url} exists and "
                 f"compresses with {info.codec}")))
+        if cfg.store_mode is not None and parse_store_mode(cfg.store_mode) != info.store_mode:
+            has = ("0644 less the umask: it records none" if info.store_mode is None
+                   else f"{info.store_mode:04o}")
+            notices.append(Notice(logging.WARNING, (
+                f"--store-mode {cfg.store_mode} is ignored: the store at {store.url} exists "
+                f"and writes its files with mode {has}")))
         if cfg.min_record is not None and cfg.min_record != info.min_record:
             notices.append(Notice(logging.WARNING, (
                 f"--min-record {size_text(cfg.min_record)} is ignored: the store at "
@@ -253,9 +267,11 @@ def prepare(cfg: MountConfig) -> Prepared:
     cache = LocalCache(cfg.cache_dir, cfg.cache_size, cfg.read_memory)
     if info is None:
         info = create_store(store, chunk_size, cfg.min_record or NEW_STORE_MIN_RECORD,
-                            cfg.codec or NEW_STORE_CODEC)
+                            cfg.codec or NEW_STORE_CODEC,
+                            parse_store_mode(cfg.store_mode) if cfg.store_mode else NEW_STORE_MODE)
+        mode = "" if info.store_mode is None else f", files {info.store_mode:04o}"
         notices.append(Notice(logging.INFO, f"initialised a new ckptfs store at {store.url} "
-                                            f"(chunk size {size_text(chunk_size)})"))
+                                            f"(chunk size {size_text(chunk_size)}{mode})"))
     if known != store.url:  # a new cache, or one whose record held a credential
         journal.set_meta("store", store.url)
     if journal.get_meta("cache_id") is None:  # names this cache's intent records uniquely

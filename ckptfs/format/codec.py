@@ -52,6 +52,9 @@ CODEC_NAMES = {CODEC_RAW: "raw", CODEC_LZ4: "lz4", CODEC_ZSTD4: "zstd4"}
 CODECS = ("lz4", "zstd4")
 _HEADER = struct.Struct("<4sB3xQ")
 HEADER_SIZE = _HEADER.size  # 16
+#: the largest chunk object a writer makes: a writer compresses only when that saves 3%,
+#: so no payload is longer than the raw bytes; a reader refuses a larger object unread
+MAX_OBJECT_SIZE = HEADER_SIZE + MAX_CHUNK_SIZE
 HASH_NAME = "xxh3-128"
 #: zstd level 1 with a 256-entry match table instead of 32K: the exponent planes of
 #: weights and optimizer moments are near-random bytes of low entropy, where zstd's Huffman

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from ckptfs import __version__
-from ckptfs.common.config import MAX_ID, MODE_BITS
+from ckptfs.common.config import MAX_ID, MODE_BITS, STORE_MODES, parse_store_mode
 from ckptfs.common.errors import FormatError, InvalidKeyError
 from ckptfs.format.chunking import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from ckptfs.format.codec import CODECS, HASH_NAME
@@ -236,12 +236,17 @@ class StoreInfo:
     codec: str = "zstd4"  # how new chunks are compressed (codec.py)
     # records smaller than this (or than chunk_size) share chunks (formats.py)
     min_record: int = DEFAULT_MIN_RECORD
+    # a directory store's: the mode of the files it writes (its directories: x where there
+    # is r); None, a store made before there was one: 0644 (0755) less the umask
+    store_mode: int | None = None
 
     def to_json(self) -> bytes:
         d: dict[str, object] = {"format": self.format, "chunk_size": self.chunk_size,
                                 "hash": self.hash}
         if self.format >= 2:
             d.update(chunking=self.chunking, codec=self.codec, min_record=self.min_record)
+        if self.store_mode is not None:
+            d.update(store_mode=f"{self.store_mode:04o}")
         d.update(created_by=self.created_by, created_at=self.created_at)
         return json.dumps(d, indent=1).encode() + b"\n"
 
@@ -269,11 +274,17 @@ class StoreInfo:
         chunking, codec = FORMAT_DEFAULTS[version]
         if version >= 2:  # format 1 had no such fields: fixed chunks and lz4
             chunking, codec = r.string("chunking"), r.string("codec")
-        low, high = MIN_RECORD_RANGE
+        store_mode = None
+        if r.has("store_mode"):
+            try:
+                store_mode = parse_store_mode(r.string("store_mode"))
+            except ValueError as e:
+                raise r.problem(f"store_mode {e}") from None
         info = cls(chunk_size=r.integer("chunk_size", 0, INT63 - 1), format=version,
                    hash=HASH_NAME, created_by=r.string("created_by", ""),
                    created_at=r.number("created_at", 0.0), chunking=chunking, codec=codec,
-                   min_record=r.integer("min_record", 0, INT63 - 1, DEFAULT_MIN_RECORD))
+                   min_record=r.integer("min_record", 0, INT63 - 1, DEFAULT_MIN_RECORD),
+                   store_mode=store_mode)
         problem = info.problem()
         if problem:
             raise r.problem(problem)
@@ -290,6 +301,9 @@ class StoreInfo:
         low, high = MIN_RECORD_RANGE
         if not low <= self.min_record <= high:
             return f"min_record {self.min_record} is not in [{low}, {high}]"
+        if self.store_mode is not None and self.store_mode not in STORE_MODES:
+            return f"store_mode {self.store_mode:04o} is not one of " + ", ".join(
+                f"{m:04o}" for m in STORE_MODES)
         return None
 
 

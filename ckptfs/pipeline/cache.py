@@ -383,10 +383,10 @@ class LocalCache:
                 self._cached.move_to_end(chunk_hash)
             fd = self._fds.get(chunk_hash)
             if fd is None:
-                try:
+                try:  # a store's file may have been swapped: no link, no FIFO wait
                     fd = (self._open_cached(chunk_hash) if in_place is None
-                          else os.open(in_place[0], os.O_RDONLY))
-                except FileNotFoundError:
+                          else os.open(in_place[0], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+                except OSError:
                     if in_place is None:
                         raise
                     self._not_in_place(chunk_hash)

@@ -169,8 +169,8 @@ class Fetcher:
     def _get_key(self, chunk_hash: str, key: str) -> int:
         """GET the object `key`, verify it as chunk `chunk_hash`, make it readable."""
         path = self.store.local_path(key)
-        before = file_identity(path) if path is not None else None
-        blob = self.store.get(key)
+        before = in_place_identity(path)
+        blob = self.store.get(key, codec.MAX_OBJECT_SIZE)
         try:
             if self.cache.memory_limit and not (path is not None and codec.is_raw(blob)):
                 # served from memory: decoded into a reused buffer (a raw chunk: the GET's)
@@ -190,7 +190,7 @@ class Fetcher:
                 return len(data)
             with codec.decoded(blob, chunk_hash) as data:
                 if (path is not None and before is not None and codec.is_raw(blob)
-                        and file_identity(path) == before):
+                        and in_place_identity(path) == before):
                     # a raw chunk of a local-directory store, verified, and the file did
                     # not change meanwhile: read it where it is, not from a second copy
                     self.cache.put_in_place(chunk_hash, path, codec.HEADER_SIZE, before)
@@ -199,3 +199,15 @@ class Fetcher:
                 return len(data)
         except CorruptChunkError as e:  # the log line and the EIO must name the chunk
             raise CorruptChunkError(f"chunk {chunk_hash}: {e}") from None
+
+
+def in_place_identity(path: str | None) -> tuple[int, int, int, int] | None:
+    """file_identity of a directory store's object file, or None where it cannot be read
+    in place: no such file, or no file reachable there (a FIFO, a device or a file where
+    a directory of the store belongs: the GET says what is wrong)."""
+    if path is None:
+        return None
+    try:
+        return file_identity(path)
+    except OSError:
+        return None

@@ -489,7 +489,7 @@ class Publisher:
         done = 0
         for key, _ in self.store.list(manifests.INTENTS, delimiter=None).objects:
             try:
-                intent = RenameIntent.from_json(self.store.get(key))
+                intent = RenameIntent.from_json(self.store.get_record(key))
             except NotFoundError:
                 continue  # its owner finished it meanwhile
             except FormatError as e:

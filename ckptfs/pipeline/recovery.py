@@ -202,7 +202,7 @@ class JournalCheck:
         """The file manifest at `key` if this node wrote it (None otherwise, or if it is
         gone or unreadable: another node's business, or ckptfs fsck's)."""
         try:
-            m = Manifest.from_json(self.store.get(key))
+            m = Manifest.from_json(self.store.get_record(key))
         except (NotFoundError, FormatError, InvalidKeyError, ValueError):
             return None
         return m if m.writer == self.writer and not m.is_symlink else None

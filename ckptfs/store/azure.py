@@ -24,7 +24,7 @@ from azure.storage.blob import BlobPrefix, BlobServiceClient, ContainerClient, L
 
 from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
 from ckptfs.common.redact import redact
-from ckptfs.store.base import ObjectInfo, one_line, root_cause
+from ckptfs.store.base import ObjectInfo, one_line, root_cause, too_large
 from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
 #: error codes of a 404 that is not about the blob: retrying cannot fix these
@@ -175,9 +175,21 @@ class AzureStore(PrefixedStore):
         return self._create(key, data, lambda body: self._client.upload_blob(
             self._key(key), body, overwrite=False, max_concurrency=1), ResourceExistsError)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         with self._errors("get", key):
-            return bytes(self._client.download_blob(self._key(key), max_concurrency=1).readall())
+            if limit is None:
+                return bytes(self._client.download_blob(self._key(key),
+                                                        max_concurrency=1).readall())
+            try:  # the first `limit` + 1 bytes, and the blob's size, before reading them
+                downloader = self._client.download_blob(self._key(key), offset=0,
+                                                        length=limit + 1, max_concurrency=1)
+            except HttpResponseError as e:
+                if e.status_code == 416:  # an empty blob has no byte 0
+                    return b""
+                raise
+            if downloader.size > limit:
+                raise too_large("get", key, self.url, limit)
+            return bytes(downloader.readall())
 
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         try:

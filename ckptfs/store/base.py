@@ -11,8 +11,9 @@ from typing import TypeVar
 
 import trio
 
+from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
-from ckptfs.common.errors import InvalidKeyError, PermanentStoreError, StoreError
+from ckptfs.common.errors import BadObjectError, InvalidKeyError, PermanentStoreError, StoreError
 from ckptfs.common.redact import redact
 from ckptfs.common.retry import retrying
 
@@ -92,6 +93,15 @@ def root_cause(e: BaseException) -> str:
     return one_line(e)
 
 
+def too_large(op: str, key: str, url: str, limit: int, size: int | None = None
+              ) -> BadObjectError:
+    """The error of a get() whose object has more than `limit` bytes (`size`, if known)."""
+    most = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
+    what = f"{size} bytes, more" if size is not None else "more"
+    return BadObjectError(f"{op} {key} in {url}: {what} than the {most} it may have; not "
+                          f"read")
+
+
 def one_line(text: object) -> str:
     """`text` as a single line (error messages go to logs and to the status file), any
     credential in it redacted (an SDK's message may quote a URL with its SAS token)."""
@@ -132,8 +142,16 @@ class Store(abc.ABC):
         self.put(key, b"".join(parts))
 
     @abc.abstractmethod
-    def get(self, key: str) -> bytes:
-        """Whole object; NotFoundError if absent."""
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        """Whole object; NotFoundError if absent. With `limit`, an object of more bytes is
+        refused (BadObjectError, too_large) without reading more than `limit` + 1 of them:
+        a record's GET (get_record) takes no more memory than a record may have."""
+
+    def get_record(self, key: str) -> bytes:
+        """get() of a record (ckptfs.json, a manifest, a marker, an intent, a trash entry):
+        at most LIMITS.record_bytes; a larger one is a BadObjectError, which is also a
+        FormatError: the record is damaged."""
+        return self.get(key, LIMITS.record_bytes)
 
     @abc.abstractmethod
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -215,7 +233,8 @@ class Store(abc.ABC):
         return None
 
     def copy(self, src: str, dst: str) -> None:
-        """Copy one object (server-side where the store can)."""
+        """Copy one object (server-side where the store can; a directory store copies
+        only a regular file, never through a symbolic link: BadObjectError)."""
         self.put(dst, self.get(src))
 
     def parent(self) -> Store | None:
@@ -229,11 +248,17 @@ class Store(abc.ABC):
 
 
 class AsyncStore:
-    """Async facade: each call runs the blocking store in a thread behind `limiter`."""
+    """Async facade: each call runs the blocking store in a thread behind `limiter`.
 
-    def __init__(self, store: Store, limiter: trio.CapacityLimiter) -> None:
+    `get_limit`: the most bytes get() takes (Store.get's `limit`): by default a record's,
+    since the file system reads only records through this facade (chunks go through the
+    fetcher, in threads of its own)."""
+
+    def __init__(self, store: Store, limiter: trio.CapacityLimiter,
+                 get_limit: int | None = LIMITS.record_bytes) -> None:
         self.store = store
         self.limiter = limiter
+        self.get_limit = get_limit
 
     def check_length(self, key: str) -> None:
         """Store.check_length (no I/O, so not in a thread)."""
@@ -247,7 +272,7 @@ class AsyncStore:
         await self.run(self.store.put, key, data)
 
     async def get(self, key: str) -> bytes:
-        return await self.run(self.store.get, key)
+        return await self.run(self.store.get, key, self.get_limit)
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         return await self.run(self.store.get_range, key, start, end)

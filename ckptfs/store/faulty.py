@@ -135,9 +135,9 @@ class FaultyStore(Store):
         self._enter("put_if_absent")
         return self.inner.put_if_absent(key, data)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         self._enter("get")
-        return self._maybe_corrupt(key, self.inner.get(key))
+        return self._maybe_corrupt(key, self.inner.get(key, limit))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         self._enter("get_range")

@@ -20,7 +20,7 @@ from urllib3.util.retry import Retry
 
 from ckptfs.common.errors import ConfigError, PermanentStoreError, StoreError, TransientStoreError
 from ckptfs.common.redact import redact
-from ckptfs.store.base import ObjectInfo, one_line, root_cause
+from ckptfs.store.base import ObjectInfo, one_line, root_cause, too_large
 from ckptfs.store.bucket import PrefixedStore, pool_connections, status_class
 
 #: where the google-cloud-storage client (and gsutil, gcloud) find an emulator
@@ -151,11 +151,16 @@ class GcsStore(PrefixedStore):
             body, content_type="application/octet-stream", checksum=None, retry=None,
             timeout=self._timeout, if_generation_match=0), api.PreconditionFailed)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         with self._errors("get", key):
-            return bytes(self._blob(key).download_as_bytes(checksum=None, retry=None,
-                                                           raw_download=True,
-                                                           timeout=self._timeout))
+            if limit is None:
+                return bytes(self._blob(key).download_as_bytes(checksum=None, retry=None,
+                                                               raw_download=True,
+                                                               timeout=self._timeout))
+            data = self._get_range(key, 0, limit + 1)  # no more than that is read
+            if len(data) > limit:
+                raise too_large("get", key, self.url, limit)
+            return data
 
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         try:

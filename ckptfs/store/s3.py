@@ -36,7 +36,7 @@ from ckptfs.common.errors import (
     TransientStoreError,
 )
 from ckptfs.common.redact import redact
-from ckptfs.store.base import ObjectInfo, one_line, restamp_if_slow, root_cause
+from ckptfs.store.base import ObjectInfo, one_line, restamp_if_slow, root_cause, too_large
 from ckptfs.store.bucket import PrefixedStore, status_class
 
 log = logging.getLogger(__name__)
@@ -328,10 +328,20 @@ class S3Store(PrefixedStore):
                               f"{self.storage_class}: {e}") from None
         self.delete(probe)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         with self._errors("get", key):
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return bytes(response["Body"].read())
+            body = response["Body"]
+            if limit is None:
+                return bytes(body.read())
+            # the length is checked before the body is read, and no more than `limit` + 1
+            # bytes are read of a body longer than it says
+            size = int(response.get("ContentLength") or 0)
+            data = b"" if size > limit else bytes(body.read(limit + 1))
+            if size > limit or len(data) > limit:
+                body.close()
+                raise too_large("get", key, self.url, limit, max(size, len(data)))
+            return data
 
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         try:

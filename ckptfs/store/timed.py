@@ -48,8 +48,8 @@ class TimedStore(Store):
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         return self._timed("put_if_absent", self.inner.put_if_absent, key, data)
 
-    def get(self, key: str) -> bytes:
-        return self._timed("get", self.inner.get, key)
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        return self._timed("get", self.inner.get, key, limit)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._timed("get_range", self.inner.get_range, key, start, end)

@@ -31,7 +31,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from ckptfs.common.crashpoints import crash_point
-from ckptfs.common.errors import CkptfsError, ConfigError, FormatError, NotFoundError
+from ckptfs.common.errors import (
+    BadObjectError,
+    CkptfsError,
+    ConfigError,
+    FormatError,
+    NotFoundError,
+)
 from ckptfs.common.retry import retrying
 from ckptfs.format import manifests
 from ckptfs.format.manifests import CHUNKS, FILES, FOSSILS, GC, TRASH, Manifest
@@ -198,16 +204,20 @@ def _delete_scratch(store: Store, report: GcReport) -> None:
 
 
 # ---------------------------------------------------------------------------- references
-def reader_of(store: Store) -> Callable[[ObjectInfo], bytes | None]:
-    """GET of a listed object, retried over transient errors; None if it vanished since
-    the listing (deleted, or renamed away)."""
-    get = retrying(store.get)
+def reader_of(store: Store) -> Callable[[ObjectInfo], bytes | BadObjectError | None]:
+    """GET of a listed record, retried over transient errors; None if it vanished since
+    the listing (deleted, or renamed away); the BadObjectError of one that cannot be a
+    record (not a regular file, or larger than one may be), for the caller to report as
+    a damaged one."""
+    get = retrying(store.get_record)
 
-    def fetch(info: ObjectInfo) -> bytes | None:
+    def fetch(info: ObjectInfo) -> bytes | BadObjectError | None:
         try:
             return get(info.key)
         except NotFoundError:
             return None
+        except BadObjectError as e:
+            return e
 
     return fetch
 
@@ -242,6 +252,8 @@ def read_references(store: Store, report: GcReport, prefixes: tuple[str, ...],
             if blob is None:
                 continue
             try:
+                if isinstance(blob, BadObjectError):
+                    raise blob
                 m = Manifest.from_json(blob)
             except FormatError as e:
                 raise GcError(f"unreadable manifest {info.key} in {store.url}: {e}; gc "

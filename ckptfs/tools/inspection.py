@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ckptfs.common.errors import (
+    BadObjectError,
     CorruptChunkError,
     FormatError,
     InvalidKeyError,
@@ -17,7 +18,7 @@ from ckptfs.common.errors import (
     NotFoundError,
 )
 from ckptfs.format import manifests
-from ckptfs.format.codec import HEADER_SIZE, decode_chunk
+from ckptfs.format.codec import HEADER_SIZE, MAX_OBJECT_SIZE, decode_chunk
 from ckptfs.format.manifests import DirMarker, Manifest, RenameIntent, StoreInfo
 from ckptfs.store.base import Store
 
@@ -217,10 +218,20 @@ class FsckReport:
 def read_info(store: Store) -> StoreInfo:
     """ckptfs.json, checked; NoEntry when the store has none, FormatError when unusable."""
     try:
-        blob = store.get(manifests.INFO_KEY)
+        blob = store.get_record(manifests.INFO_KEY)
     except NotFoundError:
         raise NoEntry(f"not a ckptfs store (no {manifests.INFO_KEY}): {store.url}") from None
-    return StoreInfo.from_json(blob)
+    info = StoreInfo.from_json(blob)
+    use_store_mode(store, info)
+    return info
+
+
+def use_store_mode(store: Store, info: StoreInfo) -> None:
+    """Tell a directory store the mode ckptfs.json records for the files it writes (the
+    other stores have none)."""
+    set_file_mode = getattr(store, "set_file_mode", None)
+    if set_file_mode is not None:
+        set_file_mode(info.store_mode)
 
 
 def check_is_store(store: Store) -> None:
@@ -251,7 +262,7 @@ def read_intents(store: Store) -> list[Intent]:
     intents = []
     for key, _ in store.list(manifests.INTENTS, delimiter=None).objects:
         try:
-            intent = RenameIntent.from_json(store.get(key))
+            intent = RenameIntent.from_json(store.get_record(key))
             intents.append(Intent(key, intent.src, intent.dst, intent.writer))
         except NotFoundError:
             continue  # finished meanwhile
@@ -273,12 +284,10 @@ def _read_manifest(store: Store, key: str) -> tuple[str, Manifest | None, str | 
     except InvalidKeyError as e:
         return key, None, str(e)
     try:
-        blob = store.get(key)
+        return path, Manifest.from_json(store.get_record(key)), None
     except NotFoundError:
         return None  # deleted or renamed since the listing
-    try:
-        return path, Manifest.from_json(blob), None
-    except FormatError as e:
+    except FormatError as e:  # a BadObjectError too: not a file, or too large to be one
         return path, None, str(e)
 
 
@@ -286,15 +295,14 @@ def _read_record(store: Store, key: str) -> tuple[Manifest | None, str | None]:
     """(the manifest, None) for a manifest key, (None, None) for a marker (its key ends
     in '/') or an object gone since the listing, (None, why) for a damaged one."""
     try:
-        blob = store.get(key)
-    except NotFoundError:
-        return None, None
-    try:
+        blob = store.get_record(key)
         if key.endswith("/"):
             DirMarker.from_json(blob)
             return None, None
         return Manifest.from_json(blob), None
-    except FormatError as e:
+    except NotFoundError:
+        return None, None
+    except FormatError as e:  # a BadObjectError too: not a file, or too large to be one
         return None, str(e)
 
 
@@ -330,10 +338,12 @@ class ChunkChecker:
                             f"header"), fossil
                 return None, fossil
             try:
-                blob = self.store.get(key)
+                blob = self.store.get(key, MAX_OBJECT_SIZE)
             except NotFoundError:
                 fossil = True
                 continue
+            except BadObjectError as e:  # not a file, or larger than a chunk can be
+                return (CORRUPT, str(e)), fossil
             try:
                 decode_chunk(blob, chunk_hash)
             except CorruptChunkError as e:

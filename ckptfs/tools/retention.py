@@ -109,7 +109,7 @@ def _step(name: str) -> int | None:
 
 def _marker_mtime(store: Store, path: str) -> int:
     try:
-        return DirMarker.from_json(store.get(manifests.dir_key(path))).mtime_ns
+        return DirMarker.from_json(store.get_record(manifests.dir_key(path))).mtime_ns
     except (NotFoundError, FormatError):
         return 0
 

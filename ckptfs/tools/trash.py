@@ -23,7 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ckptfs.common.config import LIMITS
-from ckptfs.common.errors import ConfigError, FormatError, KeyTooLongError, NoEntry, NotFoundError
+from ckptfs.common.errors import (
+    BadObjectError,
+    ConfigError,
+    FormatError,
+    KeyTooLongError,
+    NoEntry,
+    NotFoundError,
+)
 from ckptfs.common.units import format_duration, parse_duration
 from ckptfs.format import manifests
 from ckptfs.format.manifests import FILES, TRASH, DirMarker, Manifest
@@ -54,9 +61,11 @@ def trash_key(batch: str, key: str) -> str:
 
 def _copy(store: Store, src: str, dst: str) -> None:
     """Copy a manifest, or a marker (read and written again: SeaweedFS cannot copy the
-    marker of a directory that has entries). NotFoundError if `src` is absent."""
+    marker of a directory that has entries). NotFoundError if `src` is absent,
+    BadObjectError if it cannot be a record (a directory store copies no symbolic link,
+    FIFO or device; a marker is read only up to LIMITS.record_bytes)."""
     if src.endswith("/"):
-        store.put(dst, store.get(src))
+        store.put(dst, store.get_record(src))
     else:
         store.copy(src, dst)
 
@@ -65,8 +74,9 @@ def keep(store: Store, key: str, batch: str) -> bool:
     """Copy the manifest or marker `key` to the trash before it is deleted; True if copied.
 
     A directory without a marker gets an empty one, so that its deletion is on record. A
-    key too long for the store once it is under the trash is not kept (logged): the
-    delete still goes ahead."""
+    key too long for the store once it is under the trash is not kept (logged), nor is
+    what cannot be a record (a symbolic link, FIFO or device in a directory store, an
+    oversized marker: logged): the delete still goes ahead."""
     dst = trash_key(batch, key)
     try:
         _copy(store, key, dst)
@@ -78,6 +88,10 @@ def keep(store: Store, key: str, batch: str) -> bool:
         return False
     except KeyTooLongError as e:
         log.warning("not kept in the trash (%s): %s", e, manifests.path_of_key(key))
+        return False
+    except BadObjectError as e:
+        log.warning("not kept in the trash, not a record (%s): %s", e,
+                    manifests.path_of_key(key))
         return False
 
 
@@ -213,20 +227,27 @@ def parse_utc(text: str) -> float:
                       f"(2026-12-01 05:33:00 UTC)")
 
 
+def parse_entry(blob: bytes, is_dir: bool) -> Manifest | None:
+    """The manifest of a file's trash entry (None for a directory's marker), checked as
+    every reader checks it; FormatError if it is damaged."""
+    if is_dir:
+        DirMarker.from_json(blob)
+        return None
+    return Manifest.from_json(blob)
+
+
 def read_sizes(store: Store, found: list[Entry]) -> None:
     """Fill in the size of each file entry from its manifest, and `damaged` of each entry
     whose manifest or marker is damaged (16 GETs at a time)."""
     def size(e: Entry) -> tuple[int, bool, str | None]:
         try:
-            blob = store.get(e.key)
-            if e.is_dir:
-                DirMarker.from_json(blob)
-                return 0, False, None
-            m = Manifest.from_json(blob)
+            m = parse_entry(store.get_record(e.key), e.is_dir)
         except NotFoundError:
             return 0, False, None
-        except FormatError as why:
+        except FormatError as why:  # a BadObjectError too: not a file, or too large
             return 0, False, str(why)
+        if m is None:  # a directory
+            return 0, False, None
         return (0 if m.is_symlink else m.size), m.is_symlink, None
     for e, (n, link, damaged) in inspection.parallel_map(size, found):
         e.size, e.symlink, e.damaged = n, link, damaged
@@ -344,14 +365,22 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
         if dry_run:
             return None
         try:
-            # written only where nothing is: a file published there since the checks
-            # above is never overwritten (atomic where the store has a conditional write;
-            # docs/FORMAT.md, "Trash"); a directory that exists again keeps its own
-            # marker (mode and mtime)
-            if dest and not store.put_if_absent(key, store.get(e.key)) and not e.is_dir:
-                return f"{dest} exists (published while this restore ran)"
+            # what is checked is what is published: these bytes, read once and parsed,
+            # never a second read (or copy) of a key that may have changed meanwhile
+            blob = store.get_record(e.key)
+            m = parse_entry(blob, e.is_dir)
         except NotFoundError:
             return "gone from the trash meanwhile (emptied, or expired and collected)"
+        except FormatError as why:  # damaged since read_sizes looked
+            return f"damaged: {why}"
+        if m is not None:
+            e.size, e.symlink = (0 if m.is_symlink else m.size), m.is_symlink
+        # written only where nothing is: a file published there since the checks above
+        # is never overwritten (atomic where the store has a conditional write;
+        # docs/FORMAT.md, "Trash"); a directory that exists again keeps its own marker
+        # (mode and mtime)
+        if dest and not store.put_if_absent(key, blob) and not e.is_dir:
+            return f"{dest} exists (published while this restore ran)"
         store.delete(e.key)
         return None
 

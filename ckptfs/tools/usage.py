@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ckptfs.common.errors import FormatError, NoEntry
+from ckptfs.common.errors import BadObjectError, FormatError, NoEntry
 from ckptfs.format import manifests
 from ckptfs.format.manifests import CHUNKS, FILES, FOSSILS, TRASH, Manifest
 from ckptfs.store.base import ObjectInfo, Store
@@ -142,6 +142,8 @@ def _manifests(store: Store, infos: Iterator[ObjectInfo], report: UsageReport
         if blob is None:
             continue
         try:
+            if isinstance(blob, BadObjectError):
+                raise blob
             yield info.key, Manifest.from_json(blob)
         except FormatError:
             report.unreadable.append(info.key)

@@ -12,7 +12,10 @@ import pytest
 from crafting import StoreUnderTest, checkpoint, make_st, put_file, snapshot
 from mounting import run_cli
 
+from ckptfs.common.config import LIMITS
 from ckptfs.format import manifests
+from ckptfs.format.codec import chunk_hash, encode_chunk
+from ckptfs.format.manifests import Manifest
 
 DAMAGE: list[dict[str, Any]] = [{"mode": -1}, {"mode": 2**70},
                                 {"size": 1e308, "chunks": [["0" * 32, 1e308]]}]
@@ -162,3 +165,32 @@ def test_a_damaged_ckptfs_json_is_one_line_and_exit_2(local: StoreUnderTest,
         assert line.startswith("ckptfs: ckptfs.json is not valid: "), (command, line)
     r = st.cli("fsck")  # the tool for damage reports it, and checks the rest
     assert r.returncode == 1 and "ERROR        ckptfs.json is not valid: " in r.stdout
+
+
+def test_a_manifest_over_the_record_cap_is_damaged_unread(
+        request: pytest.FixtureRequest) -> None:
+    """A manifest larger than LIMITS.record_bytes on S3 (SeaweedFS), here a valid one of
+    1.8 million empty chunks (70 MB): a reader refuses it by its length, before reading
+    it, as damaged, on one line; the other files read as before."""
+    st = make_st("s3", request)
+    checkpoint(st.store, "step-1")
+    empty = chunk_hash(b"")
+    st.store.put(manifests.chunk_key(empty), encode_chunk(b"")[0])
+    entry = f'["{empty}",0]'.encode()
+
+    def manifest(chunks: int) -> bytes:  # as Manifest.to_json writes it, only faster
+        return (b'{"v":1,"size":0,"mode":33188,"mtime_ns":0,"chunk_size":65536,"chunks":['
+                + b",".join([entry] * chunks) + b'],"writer":"node-a"}')
+
+    assert Manifest.from_json(manifest(3)).chunks == ((empty, 0),) * 3
+    body = manifest(1_800_000)
+    assert len(body) > LIMITS.record_bytes
+    st.store.put(manifests.file_key("step-1/huge.pt"), body)
+    del body
+
+    r = st.cli("ls")
+    no_traceback(r.stdout, r.stderr)
+    assert r.returncode == 0 and r.stderr == ""
+    [line] = lines_naming(r.stdout, "huge.pt")
+    assert "damaged" in line and f"more than the {LIMITS.record_bytes >> 20} MiB" in line, line
+    assert len([x for x in r.stdout.splitlines() if "  ok  " in x]) == 2, r.stdout

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 from seaweed import SeaweedServer
 
 from ckptfs.common.errors import (
+    BadObjectError,
+    FormatError,
     InvalidKeyError,
     KeyTooLongError,
     NotFoundError,
@@ -66,6 +69,32 @@ def test_large_object(store: Store) -> None:
     store.put("big/object", data)
     assert store.head("big/object") == len(data)
     assert store.get("big/object") == data
+
+
+def test_a_limited_get_refuses_a_larger_object_unread(store: Store) -> None:
+    """A record's GET (Store.get with a limit): an object larger than the limit is refused
+    with one line naming its key, and no more of it is read than the limit (memory
+    bounded); one that fits, an empty one too, is read whole; an absent one is absent."""
+    store.put("files/big", os.urandom(8 << 20))
+    store.put("files/fits", b"x" * 1000)
+    store.put("files/empty", b"")
+    assert store.get("files/fits", 1000) == b"x" * 1000
+    assert store.get("files/empty", 1000) == b""
+    assert store.get_record("files/fits") == b"x" * 1000
+    with pytest.raises(NotFoundError):
+        store.get("files/absent", 1000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(BadObjectError) as e:
+            store.get("files/big", 1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, f"{peak} bytes allocated to refuse an 8 MiB object"
+    message = str(e.value)
+    assert message.startswith("get files/big in ") and "\n" not in message, message
+    assert message.endswith("than the 1000 bytes it may have; not read"), message
+    assert isinstance(e.value, FormatError) and e.value.permanent
 
 
 def test_overwrite_replaces(store: Store) -> None:
@@ -473,7 +502,7 @@ def test_local_failed_rename_keeps_old_object(
 ) -> None:
     local_store.put("dir/k", b"old")
 
-    def broken_replace(src: object, dst: object) -> None:
+    def broken_replace(src: object, dst: object, **dir_fds: object) -> None:
         raise OSError(errno.EIO, "injected I/O error")
 
     monkeypatch.setattr(os, "replace", broken_replace)
@@ -606,7 +635,7 @@ def test_local_name_files_survive_racing_deletes(
     """A delete of the last object under a mapped directory removes the directory and its
     name file; a put racing with it writes the name file again, on either side."""
     sub = long_name("sub%-")
-    real_publish, real_unlink = LocalStore._publish, Path.unlink
+    real_publish, real_unlink = LocalStore._publish, os.unlink
 
     def publish_after_delete(self: LocalStore, path: Path, fill: Callable[[int], None],
                              exclusive: bool = False) -> bool:
@@ -620,13 +649,13 @@ def test_local_name_files_survive_racing_deletes(
     monkeypatch.undo()
     assert keys_of(local_store.list("", None).objects) == [f"d/{sub}/new"]
 
-    def unlink_after_put(self: Path, missing_ok: bool = False) -> None:
-        if self.name.endswith("%n"):  # the delete found no user of the name, then a put ran
+    def unlink_after_put(path: str, *, dir_fd: int | None = None) -> None:
+        if path.endswith("%n"):  # the delete found no user of the name, then a put ran
             monkeypatch.undo()
             local_store.put(f"d/{sub}/newer", b"z")
-        real_unlink(self, missing_ok)
+        real_unlink(path, dir_fd=dir_fd)
 
-    monkeypatch.setattr(Path, "unlink", unlink_after_put)
+    monkeypatch.setattr(os, "unlink", unlink_after_put)
     local_store.delete(f"d/{sub}/new")
     monkeypatch.undo()
     assert keys_of(local_store.list("", None).objects) == [f"d/{sub}/newer"]

@@ -191,6 +191,39 @@ def test_a_restore_that_loses_the_race_leaves_the_new_file_alone(
     assert left.endswith("/d/model.pt")
 
 
+class SwappedAfterRead(FaultyStore):
+    """A store on which someone replaces the trash entry `key` with `data` right after its
+    first GET: between the read that checked it and whatever comes after."""
+
+    def __init__(self, inner: Store, key: str, data: bytes) -> None:
+        super().__init__(inner)
+        self.key, self.data, self.swapped = key, data, False
+
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        blob = self.inner.get(key) if limit is None else self.inner.get(key, limit)
+        if key == self.key and not self.swapped:
+            self.swapped = True
+            self.inner.put(key, self.data)
+        return blob
+
+
+def test_restore_publishes_only_bytes_it_has_checked(
+        st: StoreUnderTest, publisher: Publisher) -> None:
+    """A trash entry swapped, after restore checked it, for bytes that are no manifest (a
+    root-only file's, say): restore publishes exactly the bytes it parsed, never those of
+    a second read it did not check; here it skips the entry as damaged, and the name stays
+    free."""
+    put_file(st.store, "d/model.pt", random_bytes(CHUNK + 3, seed=7))
+    rm_rf(publisher, "d")
+    [key] = [k for k in trash_keys(st.store) if k.endswith("/d/model.pt")]
+    swapped = SwappedAfterRead(st.store, key, b"root-only bytes, not a manifest")
+    r = trash.restore(swapped, "d")
+    assert swapped.swapped and [e.path for e in r.restored] == ["d"]
+    [(entry, why)] = r.skipped
+    assert entry.path == "d/model.pt" and why.startswith("damaged: manifest is not valid"), why
+    assert st.store.head(manifests.file_key("d/model.pt")) is None
+
+
 def test_without_trash_deletes_are_final(st: StoreUnderTest, publisher: Publisher) -> None:
     publisher.trash_keep = 0
     checkpoint(st.store, "step-1")

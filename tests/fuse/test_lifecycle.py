@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 from pathlib import Path
@@ -275,10 +276,18 @@ def test_a_new_store_is_announced_and_never_made_inside_another(
     a = Mount(url, tmp_path, "a", extra=extra)
     nodes.append(a)
     line = one_line(mount_cli(a, "--chunk-size", "1M"))
-    assert "initialised a new ckptfs store at " in line and line.endswith("(chunk size 1 MiB)")
+    files = ", files 0600" if kind == "local" else ""  # a directory store's mode
+    assert "initialised a new ckptfs store at " in line and line.endswith(
+        f"(chunk size 1 MiB{files})")
     a.umount()
     line = one_line(mount_cli(a, "--chunk-size", "4M"))  # ignored: the store has 1 MiB
     assert "--chunk-size 4 MiB is ignored" in line and "chunk size 1 MiB" in line, line
+    if kind == "local":  # and so is the mode of an existing store's files
+        assert stat.S_IMODE(os.stat(f"{url}/ckptfs.json%o").st_mode) == 0o600
+        a.umount()
+        line = one_line(mount_cli(a, "--store-mode", "0640"))
+        assert line.endswith(f"--store-mode 0640 is ignored: the store at file://{url} exists "
+                             f"and writes its files with mode 0600"), line
     a.umount()
     assert mount_cli(a).stderr == ""  # an existing store, no --chunk-size: nothing to say
     a.umount()

@@ -4,6 +4,7 @@ wait for missing chunks, prefetch) against a LocalStore behind a FaultyStore."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -74,6 +75,40 @@ def test_fetcher_reads_raw_chunks_of_a_local_store_in_place(
         local.put(chunk_key(h_raw), codec.encode_chunk(raw)[0])
         assert await read_chunk(f, h_raw, len(raw)) == raw
         assert cached_files() == [h_lz4]
+
+    run(lambda: with_fetcher(local, cache, body))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_file_read_in_place_swapped_for_a_fifo_or_a_link_is_never_opened(
+        tmp_path: Path, cache: LocalCache, kind: str) -> None:
+    """A raw chunk read in place whose store file someone else swaps, after it was
+    verified, for a FIFO or a link to a root-only file: the next read neither blocks on
+    the FIFO nor follows the link; the chunk is fetched again, and the store refuses
+    what is there now (EIO)."""
+    (tmp_path / "store").mkdir()
+    local = LocalStore(tmp_path / "store", fsync=False)
+    raw = random_bytes(64 * KiB)
+    h = codec.chunk_hash(raw)
+    local.put(chunk_key(h), codec.encode_chunk(raw)[0])
+    obj = Path(local.local_path(chunk_key(h)) or "")
+    secret = tmp_path / "secret"
+    secret.write_bytes(codec.encode_chunk(raw)[0])  # the very bytes: only the link differs
+    located: list[object] = []
+
+    async def body(f: Fetcher) -> None:
+        assert await read_chunk(f, h, len(raw)) == raw
+        for fd in list(cache._fds.values()):  # a reader's later open, not a kept one
+            os.close(fd)
+        cache._fds.clear()
+        obj.unlink()
+        os.mkfifo(obj) if kind == "fifo" else os.symlink(secret, obj)
+        t = threading.Thread(target=lambda: located.append(cache.locate(h)), daemon=True)
+        t.start()
+        t.join(5)
+        assert located == [None], "the swapped file was opened, or the open blocked"
+        with pytest.raises(MissingChunkError, match=f"chunks/{h[:2]}/{h}%o is a"):
+            await read_chunk(f, h, len(raw))
 
     run(lambda: with_fetcher(local, cache, body))  # type: ignore[arg-type]
 

@@ -236,3 +236,31 @@ def test_metrics_address_comes_from_the_environment_and_mount_options() -> None:
     assert cfg.metrics_addr == ":9100"
     assert config.parse_mount_options("metrics_addr=0") == {"metrics_addr": "0"}
     assert config.MountConfig("s", "m").metrics_addr is None  # off by default
+
+
+@pytest.mark.parametrize(("text", "mode"), [("0600", 0o600), ("640", 0o640), ("0660", 0o660),
+                                            ("0644", 0o644), ("664", 0o664)])
+def test_store_mode_takes_the_modes_a_directory_store_may_have(text: str, mode: int) -> None:
+    assert config.parse_store_mode(text) == mode
+    cfg = MountConfig.from_options("/data/store", "/mnt", {"store_mode": text})
+    assert cfg.store_mode == text
+
+
+@pytest.mark.parametrize("text", ["0700", "0666", "0604", "0400", "1600", "4640", "06400",
+                                  "0x180", "rw-------", "", "0608", "-600"])
+def test_store_mode_refuses_the_others_in_one_line(text: str) -> None:
+    """Executable, world-writable, unreadable by its owner, setuid or sticky, or no octal
+    mode at all: one line naming the option and the modes it takes."""
+    with pytest.raises(ConfigError) as e:
+        MountConfig.from_options("/data/store", "/mnt", {"store_mode": text})
+    assert str(e.value) == (f"--store-mode {text!r} is not a mode a directory store may "
+                            f"give its files: want one of 0600, 0640, 0660, 0644, 0664")
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/p", "az://container", "gs://bucket/x"])
+def test_store_mode_is_for_directory_stores_only(url: str) -> None:
+    with pytest.raises(ConfigError, match=f"--store-mode applies to directory stores only, "
+                                          f"not {url} "):
+        MountConfig.from_options(url, "/mnt", {"store_mode": "0640"})
+    assert MountConfig.from_options("file:///data/s", "/mnt", {"store_mode": "0640"})
+    assert config.dir_mode(0o600) == 0o700 and config.dir_mode(0o664) == 0o775

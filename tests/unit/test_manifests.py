@@ -228,6 +228,25 @@ def test_every_user_of_the_confirmation_window_reads_the_environment() -> None:
     assert out.split() == ["3.5", "3.5", "3.5"]
 
 
+def test_store_info_store_mode() -> None:
+    """A directory store's ckptfs.json records the mode of its files as four octal digits;
+    a store without one (older, or a bucket) reads as None; anything but one of the modes
+    a directory store may have makes ckptfs.json invalid, on one line."""
+    info = StoreInfo(chunk_size=CS, store_mode=0o640)
+    assert json.loads(info.to_json())["store_mode"] == "0640"
+    assert StoreInfo.from_json(info.to_json()) == info
+    assert "store_mode" not in json.loads(StoreInfo(chunk_size=CS).to_json())
+    assert StoreInfo.from_json(StoreInfo(chunk_size=CS).to_json()).store_mode is None
+    d = json.loads(info.to_json())
+    for bad, why in (("0666", "store_mode '0666' is not a mode a directory store may give"),
+                     (416, "store_mode is 416, not a string"), ("0o640", "'0o640' is not")):
+        d["store_mode"] = bad
+        with pytest.raises(FormatError) as e:
+            StoreInfo.from_json(json.dumps(d).encode())
+        assert str(e.value).startswith("ckptfs.json is not valid: ") and why in str(e.value)
+        assert "\n" not in str(e.value)
+
+
 def test_store_info_formats_1_and_2() -> None:
     """A format 1 ckptfs.json means fixed chunks and lz4 and is written back without the
     format 2 fields (older readers see what they wrote); upgraded() keeps the chunk size;
