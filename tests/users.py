@@ -87,16 +87,24 @@ def second_user() -> Iterator[User]:
 def as_user(user: User, fn: Callable[[], object]) -> object:
     """Run `fn` in a forked child as `user` (its uid, gid and both its groups; umask 0,
     so that modes are what the calls ask); what it returned, through JSON."""
+    return run_as(user.uid, user.gid, [user.gid, user.extra_gid], fn, umask=0)
+
+
+def run_as(uid: int, gid: int, groups: list[int], fn: Callable[[], object],
+           umask: int | None = None) -> object:
+    """Run `fn` in a forked child with that uid, gid and groups (and `umask`, if given);
+    what it returned, through JSON; {"child error": ...} if it raised."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 0
         try:
             os.close(r)
-            os.setgroups([user.gid, user.extra_gid])
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            os.umask(0)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            if umask is not None:
+                os.umask(umask)
             out = json.dumps(fn()).encode()
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             out = json.dumps({"child error": repr(e)}).encode()

@@ -22,6 +22,7 @@ from faultproxy import FaultProxy, chunk_put
 from mounting import CKPTFS, Mount, Nodes, is_mounted, run_cli, training
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until
+from users import run_as
 
 from ckptfs.format import manifests
 from ckptfs.store.local import LocalStore
@@ -992,30 +993,7 @@ NOBODY = 65534
 
 def as_nobody(fn: Callable[[], object]) -> object:
     """Run `fn` in a forked child with uid/gid 65534 and no groups; its result (JSON)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 0
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            out = json.dumps(fn()).encode()
-        except BaseException as e:  # noqa: BLE001
-            out = json.dumps({"child error": repr(e)}).encode()
-            code = 1
-        try:
-            os.write(w, out)
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    os.waitpid(pid, 0)
-    return json.loads(b"".join(chunks))
+    return run_as(NOBODY, NOBODY, [], fn)
 
 
 def try_call(fn: Callable[[], object]) -> object:
