@@ -54,7 +54,7 @@ from ckptfs.daemon.control import ControlServer
 from ckptfs.daemon.fuseops import FuseOps
 from ckptfs.daemon.locate import mount_refusal
 from ckptfs.daemon.logs import open_log
-from ckptfs.format import manifests
+from ckptfs.format import codec, manifests
 from ckptfs.format.chunking import check_chunk_size
 from ckptfs.format.manifests import StoreInfo
 from ckptfs.fs.autoprune import AutoPruner, Policy
@@ -447,6 +447,7 @@ class Daemon:
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, tune_readahead,
                                                  self.cfg.mountpoint))
             self.ready(None)
+            nursery.start_soon(trio.to_thread.run_sync, codec.preload)  # once it answers
             log.info("mounted %s on %s (cache %s)", self.p.store.url, self.cfg.mountpoint,
                      self.cfg.cache_dir)
             await pyfuse3.main()  # until unmounted: ckptfs umount, fusermount3 -u, a signal

@@ -88,6 +88,12 @@ def new_array(size: int) -> np.ndarray:
     return np.empty(size, np.uint8)
 
 
+def preload() -> None:
+    """Import now what encodes and decodes import at their first use (numpy): a mount
+    calls this once it answers, so that its first read or write does not wait for it."""
+    import numpy  # noqa: F401
+
+
 Hasher = xxhash.xxh3_128
 
 
