@@ -76,7 +76,7 @@ def new_buffer(size: int) -> memoryview:
     its memory with the GIL held: for a 16 MiB chunk that was 2-30 ms here, during
     which the FUSE thread could answer no request. This holds the GIL only to allocate;
     the pages are faulted in by the first write, a decode that has released the GIL."""
-    if not size:  # a pool's placeholder, made at import (_Buffers), where numpy is not yet
+    if not size:  # a pool's placeholder, made at import (_Buffers): no numpy needed yet
         return memoryview(bytearray())
     return new_array(size).data
 
