@@ -4,13 +4,15 @@ quote apart from scripts/bench.py.
   overwrite  the close of an overwrite (torch.save over latest.pt) in the core tier on a
              directory store, with the trash on (one PUT more: the replaced manifest)
              and off; medians per run, then the median of the runs
-  mount      `ckptfs mount` on SeaweedFS (started here on 127.0.0.1) until the mount
-             point answers, empty cache each time
+  mount      `ckptfs mount` until the mount point answers, empty cache each time, on
+             SeaweedFS (started here on 127.0.0.1) and on a directory store; --targets
+             s3@/tmp/old,s3,dir@/tmp/old,dir runs another tree's ckptfs beside this one;
+             each tree's package runs from a byte-compiled copy (--source: without)
   get        16 MiB GETs from SeaweedFS through the S3 store, 1 and 8 threads at once:
              throughput and this process's CPU per GiB
 
     .venv/bin/python scripts/bench_parts.py overwrite --runs 5
-    .venv/bin/python scripts/bench_parts.py mount --runs 6
+    .venv/bin/python scripts/bench_parts.py mount --runs 6 --targets s3@/tmp/old,s3,dir@/tmp/old,dir
     .venv/bin/python scripts/bench_parts.py get
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
 sys.path.insert(0, str(TESTS))
 from seaweed import SeaweedServer  # noqa: E402 - tests/ holds the server fixture
 
@@ -78,21 +82,68 @@ def seaweed() -> Iterator[tuple[SeaweedServer, str]]:
             server.stop()
 
 
-def mount(runs: int) -> None:
+def mount_targets(spec: str) -> list[tuple[str, str, Path]]:
+    """(label, store kind, source tree) of each comma-separated target: s3 or dir, with
+    @TREE for the ckptfs of another source tree (an old commit's worktree)."""
+    targets = []
+    for t in spec.split(","):
+        kind, _, tree = t.partition("@")
+        if kind not in ("s3", "dir"):
+            sys.exit(f"unknown target {t!r}: s3 or dir, with @TREE for another source tree")
+        if tree and not (Path(tree) / "ckptfs" / "__init__.py").is_file():
+            sys.exit(f"{tree} is not a ckptfs source tree (no ckptfs/__init__.py)")
+        targets.append((t, kind, Path(tree) if tree else ROOT))
+    return targets
+
+
+def copy_package(tree: Path, to: Path, compiled: bool) -> Path:
+    """A copy of `tree`'s ckptfs package in `to`, its modules byte-compiled if `compiled`
+    (as pip compiles an installed wheel); else without any, as a checkout runs where
+    PYTHONDONTWRITEBYTECODE is set: every module compiled from source at every start."""
+    shutil.copytree(tree / "ckptfs", to / "ckptfs",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    if compiled:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(to / "ckptfs")],
+                       check=True)
+    return to
+
+
+def mount(runs: int, spec: str, compiled: bool) -> None:
+    """Each target's `ckptfs mount` until the mount point answers (a stat), a new empty
+    cache each time, the targets interleaved in every run; each tree's package is run as
+    `python -m ckptfs` from a copy (copy_package). The store of each kind is made by a
+    first mount that is not timed."""
     with seaweed() as (server, bucket), tempfile.TemporaryDirectory() as d:
+        targets = [(label, kind, copy_package(tree, Path(d) / f"tree{n}", compiled))
+                   for n, (label, kind, tree) in enumerate(mount_targets(spec))]
         mnt = Path(d) / "mnt"
         mnt.mkdir()
-        times = []
-        for i in range(runs):
+        (Path(d) / "store").mkdir()
+        stores = {"s3": [f"s3://{bucket}", "--endpoint-url", server.endpoint],
+                  "dir": [f"{d}/store"]}
+
+        def once(kind: str, tree: Path, cache: str) -> float:
             start = time.perf_counter()
-            subprocess.run([CKPTFS, "mount", f"s3://{bucket}", str(mnt), "--endpoint-url",
-                            server.endpoint, "--cache-dir", f"{d}/cache{i}"],
-                           check=True, capture_output=True)
+            subprocess.run([sys.executable, "-m", "ckptfs", "mount", *stores[kind][:1],
+                            str(mnt), *stores[kind][1:], "--cache-dir", cache],
+                           check=True, capture_output=True, cwd=tree)
             os.stat(mnt)
-            times.append(time.perf_counter() - start)
+            took = time.perf_counter() - start
             subprocess.run([CKPTFS, "umount", str(mnt)], check=True, capture_output=True)
-        print(f"ckptfs mount on SeaweedFS: {[round(t, 3) for t in times]} s; median "
-              f"{statistics.median(times):.3f} s (the first creates the store)")
+            return took
+
+        for kind in {kind for _, kind, _ in targets}:  # create the stores
+            once(kind, targets[-1][2], f"{d}/cache-new-{kind}")
+        times: dict[str, list[float]] = {label: [] for label, _, _ in targets}
+        for i in range(runs):
+            for n, (label, kind, tree) in enumerate(targets):
+                times[label].append(once(kind, tree, f"{d}/cache{i}-{n}"))
+        print(f"ckptfs mount until the mount point answers, empty cache, existing store "
+              f"(SeaweedFS on 127.0.0.1 or a directory), {runs} runs interleaved, modules "
+              f"{'byte-compiled' if compiled else 'compiled at each start'}:")
+        for label, ts in times.items():
+            print(f"  {label}: median {statistics.median(ts):.3f} s  "
+                  f"{[round(t, 3) for t in ts]}")
 
 
 def get(count: int) -> None:
@@ -128,13 +179,18 @@ def main() -> None:
     ap.add_argument("part", choices=("overwrite", "mount", "get"))
     ap.add_argument("--runs", type=int, default=5, help="runs (overwrite, mount)")
     ap.add_argument("--objects", type=int, default=48, help="16 MiB objects to GET (get)")
+    ap.add_argument("--targets", default="s3,dir",
+                    help="mount: s3 and/or dir, each with @TREE for another source tree")
+    ap.add_argument("--source", action="store_true",
+                    help="mount: run ckptfs without byte-compiled modules (as a checkout "
+                    "runs where PYTHONDONTWRITEBYTECODE is set)")
     a = ap.parse_args()
     if a.runs < 1 or a.objects < 1:
         ap.error("--runs and --objects must be at least 1")
     if a.part == "overwrite":
         overwrite(a.runs)
     elif a.part == "mount":
-        mount(a.runs)
+        mount(a.runs, a.targets, not a.source)
     else:
         get(a.objects)
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 import trio
@@ -54,8 +54,7 @@ from ckptfs.daemon.control import ControlServer
 from ckptfs.daemon.fuseops import FuseOps
 from ckptfs.daemon.locate import mount_refusal
 from ckptfs.daemon.logs import open_log
-from ckptfs.daemon.metrics import MetricsServer
-from ckptfs.format import manifests
+from ckptfs.format import codec, manifests
 from ckptfs.format.chunking import check_chunk_size
 from ckptfs.format.manifests import StoreInfo
 from ckptfs.fs.autoprune import AutoPruner, Policy
@@ -71,6 +70,9 @@ from ckptfs.store import LocalStore, open_store
 from ckptfs.store.base import AsyncStore, Store
 from ckptfs.store.timed import TimedStore
 from ckptfs.tools import inspection
+
+if TYPE_CHECKING:  # with --metrics-addr only (Daemon.build): prometheus_client is not light
+    from ckptfs.daemon.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -411,6 +413,8 @@ class Daemon:
                                 self.latest)
         metrics = None
         if cfg.metrics_addr is not None and store_requests is not None and fuse_requests:
+            from ckptfs.daemon.metrics import MetricsServer
+
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
                                     __version__, p.store.url)
         return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
@@ -443,6 +447,7 @@ class Daemon:
             nursery.start_soon(functools.partial(trio.to_thread.run_sync, tune_readahead,
                                                  self.cfg.mountpoint))
             self.ready(None)
+            nursery.start_soon(trio.to_thread.run_sync, codec.preload)  # once it answers
             log.info("mounted %s on %s (cache %s)", self.p.store.url, self.cfg.mountpoint,
                      self.cfg.cache_dir)
             await pyfuse3.main()  # until unmounted: ckptfs umount, fusermount3 -u, a signal

@@ -33,15 +33,17 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import lz4.block
-import numpy as np
 import xxhash
 import zstandard
 
 from ckptfs.common.errors import CorruptChunkError
 from ckptfs.format.chunking import MAX_CHUNK_SIZE
+
+if TYPE_CHECKING:  # imported where used: numpy costs a mount ~0.1 s, and no chunk is
+    import numpy as np  # encoded or decoded before the mount answers
 
 MAGIC = b"CKC1"
 CODEC_RAW = 0
@@ -66,7 +68,7 @@ _PLANES = struct.Struct("<4I")
 Buffer = bytes | bytearray | memoryview
 #: memory a decode writes into: a bytearray, or a view of new_buffer()'s
 WritableBuffer = bytearray | memoryview
-B = TypeVar("B", bytearray | memoryview, np.ndarray)
+B = TypeVar("B", bytearray | memoryview, "np.ndarray")
 
 
 def new_buffer(size: int) -> memoryview:
@@ -74,7 +76,24 @@ def new_buffer(size: int) -> memoryview:
     its memory with the GIL held: for a 16 MiB chunk that was 2-30 ms here, during
     which the FUSE thread could answer no request. This holds the GIL only to allocate;
     the pages are faulted in by the first write, a decode that has released the GIL."""
-    return np.empty(size, np.uint8).data
+    if not size:  # a pool's placeholder, made at import (_Buffers): no numpy needed yet
+        return memoryview(bytearray())
+    return new_array(size).data
+
+
+def new_array(size: int) -> np.ndarray:
+    """`size` bytes of fresh memory as a numpy array, not filled in."""
+    import numpy as np
+
+    return np.empty(size, np.uint8)
+
+
+def preload() -> None:
+    """Import now what encodes and decodes import at their first use (numpy): a mount
+    calls this once it answers, so that its first read or write does not wait for it."""
+    import numpy  # noqa: F401
+
+
 Hasher = xxhash.xxh3_128
 
 
@@ -166,6 +185,8 @@ def _zstd4(data: Buffer) -> bytes:
 def _zstd4_parts(data: Buffer, take: Callable[[int], np.ndarray] | None) -> list[Buffer]:
     """The zstd4 payload of `data` as parts: plane sizes, planes, tail. The words are
     regrouped into memory from `take(size)` if given (a raw plane is a view of it)."""
+    import numpy as np
+
     zc = _zstd.compressor
     words = len(data) // 4
     source = np.frombuffer(data, np.uint8, words * 4).reshape(-1, 4).T
@@ -284,8 +305,7 @@ class _Buffers(Generic[B]):
 #: decode buffers of decoded(): as many as cores
 _OUTPUTS: _Buffers[WritableBuffer] = _Buffers(new_buffer, os.cpu_count() or 1, wait=True)
 #: regrouping buffers of encoded(): kept for as many encodes as cores, made as needed
-_GROUPED: _Buffers[np.ndarray] = _Buffers(lambda size: np.empty(size, np.uint8),
-                                          os.cpu_count() or 1, wait=False)
+_GROUPED: _Buffers[np.ndarray] = _Buffers(new_array, os.cpu_count() or 1, wait=False)
 
 
 def _decode(blob: Buffer, expected_hash: str | None,
@@ -320,6 +340,8 @@ def _decode(blob: Buffer, expected_hash: str | None,
 def _unzstd4(payload: memoryview, raw_len: int,
              alloc: Callable[[int], WritableBuffer]) -> memoryview:
     """The `raw_len` bytes of a zstd4 payload (module docstring), in memory from `alloc`."""
+    import numpy as np
+
     words = raw_len // 4
     if len(payload) < _PLANES.size:
         raise CorruptChunkError(f"zstd4 payload of {len(payload)} bytes has no plane sizes")
@@ -350,6 +372,8 @@ def interleave(planes: list[np.ndarray], out: np.ndarray) -> None:
     plane's pass writes a quarter of every cache line of `out`, so in one piece the
     four passes would each bring the whole output back from memory (3x the traffic,
     which shows when several fetch threads decode at once); GIL released."""
+    import numpy as np
+
     for i in range(0, len(out), INTERLEAVE_BLOCK):
         block = slice(i, i + INTERLEAVE_BLOCK)
         np.stack([plane[block] for plane in planes], axis=1, out=out[block])

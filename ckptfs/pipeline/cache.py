@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import stat
@@ -41,13 +40,15 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ckptfs.common import private
 from ckptfs.common.errors import ConfigError
 from ckptfs.format import codec
 from ckptfs.format.chunking import MAX_CHUNK_SIZE
+
+if TYPE_CHECKING:
+    import numpy as np  # codec.new_array makes the arrays: numpy loads at the first fetch
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ _scratch = threading.local()
 VERIFY_BLOCK = 4 << 20  # verify_cached hashes a file in reads of this size
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # libc, as linked: find_library runs ldconfig
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 
 
@@ -468,7 +469,7 @@ class LocalCache:
             for i, buf in enumerate(self._buffers):
                 if len(buf.array) >= size and not buf.in_use():
                     return self._buffers.pop(i)
-        return DecodeBuffer(np.empty(size, np.uint8))
+        return DecodeBuffer(codec.new_array(size))
 
     def recycle(self, buf: DecodeBuffer | None) -> None:
         """Give back a buffer from memory_buffer() that holds nothing any more."""

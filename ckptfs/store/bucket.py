@@ -7,9 +7,7 @@ import copy
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Self, TypeVar
-
-import requests
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from ckptfs.common.config import LIMITS
 from ckptfs.common.errors import (
@@ -20,6 +18,9 @@ from ckptfs.common.errors import (
     TransientStoreError,
 )
 from ckptfs.store.base import Listing, ObjectInfo, Store, check_key
+
+if TYPE_CHECKING:  # the S3 store, which does not use it, need not load it
+    import requests
 
 T = TypeVar("T")
 
@@ -46,8 +47,9 @@ def normal_prefix(prefix: str) -> str:
 def pool_connections(session: requests.Session, most: int, retries: Any = 0) -> None:
     """Let `session` keep up to `most` connections to its host, over http and https
     alike (`retries`: the adapter's max_retries, a urllib3 Retry or a count)."""
-    adapter = requests.adapters.HTTPAdapter(pool_connections=1, max_retries=retries,
-                                            pool_maxsize=most)
+    from requests.adapters import HTTPAdapter
+
+    adapter = HTTPAdapter(pool_connections=1, max_retries=retries, pool_maxsize=most)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
 
