@@ -135,6 +135,13 @@ class Publisher:
         #: told of every op once it is in the store (not of an op dropped as undoable):
         #: the auto-prune's trigger (autoprune.py)
         self.on_applied: Callable[[Op], None] | None = None
+        #: with a fast tier (fasttier.py): called in the applying thread with each batch
+        #: before it is applied, returns the ops to apply (each recorded first)
+        self.before_apply: Callable[[list[Op]], list[Op]] | None = None
+        #: with a fast tier: whether an op's paths stay pending (is_pending) once applied,
+        #: until release(op): a delete or rename is in the object store only then
+        self.hold_after_apply: Callable[[Op], bool] | None = None
+        self._held: set[int] = set()  # seqs of the ops held so
 
     def load(self, ops: list[Op]) -> None:
         """Queue ops found in the journal at startup."""
@@ -177,6 +184,20 @@ class Publisher:
         self.enqueue(op, journaled_at, stale)
         async with self._changed:
             self._changed.notify_all()
+
+    def release_held(self, op: Op) -> None:
+        """A held op (hold_after_apply) is in the object store: its paths are free."""
+        if op.seq in self._held:
+            self._held.discard(op.seq)
+            self.release(op)
+
+    def release(self, op: Op) -> None:
+        """The op's paths are no longer pending."""
+        for p in (op.path, op.path2):
+            if p is not None:
+                self._pending_paths[p] -= 1
+                if not self._pending_paths[p]:
+                    del self._pending_paths[p]
 
     def is_pending(self, path: str) -> bool:
         """Whether an unapplied op touches `path` or one of its ancestors."""
@@ -245,7 +266,11 @@ class Publisher:
                 to_confirm = self._to_confirm(batch[0])
                 if to_confirm is None or to_confirm:
                     await self._confirm_chunks(batch[0], to_confirm)
-                await trio.to_thread.run_sync(self._apply_sync, batch, limiter=self.limiter)
+                to_apply = batch
+                if self.before_apply is not None:
+                    to_apply = await trio.to_thread.run_sync(self.before_apply, batch,
+                                                             limiter=self.limiter)
+                await trio.to_thread.run_sync(self._apply_sync, to_apply, limiter=self.limiter)
                 self.last_error = None
             except StoreError as e:
                 self.healthy = False
@@ -274,11 +299,10 @@ class Publisher:
                 log.warning("could not update the journal (cache disk full?): %s", e)
             for op in batch:
                 self._queue.popleft()
-                for p in (op.path, op.path2):
-                    if p is not None:
-                        self._pending_paths[p] -= 1
-                        if not self._pending_paths[p]:
-                            del self._pending_paths[p]
+                if applied and self.hold_after_apply is not None and self.hold_after_apply(op):
+                    self._held.add(op.seq)
+                else:
+                    self.release(op)
                 self.applied_seq = max(self.applied_seq, op.seq)
                 self._hold_staging(op, -1)
                 self._journaled_at.pop(op.seq, None)
