@@ -16,6 +16,7 @@ exclusive of its own. docs/FORMAT.md, "The fast tier", is the specification.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import os
@@ -358,22 +359,20 @@ class Leases:
 
     def take_over(self, queue: str, now: float) -> bool:
         """Take the queue's lease: renew() if this mover may; else, when the lease is
-        older than the lease time, move it aside (atomic: one mover wins) and create this
-        mover's (create-exclusive: one mover wins)."""
+        older than the lease time, claim that lease (a create-exclusive of a key named
+        after it: of the movers that found it run out, one wins) and replace it."""
         if self.renew(queue):
             return True
-        age = self.age(queue, now)
-        if age is not None and age <= self.lease:
-            return False
         key = lease_key(queue)
-        aside = f"{key}.expired-{secrets.token_hex(8)}"
-        try:
-            self.fast.rename(key, aside)
-        except NotFoundError:
-            pass  # another mover moved it first: the create below decides
-        else:
-            self.fast.delete(aside)
-        return self.fast.put_if_absent(key, self._body())
+        info = self.fast.stat(key)
+        if info is None or now - info.mtime <= self.lease:
+            return False  # held; or released meanwhile: renew() takes it next time
+        claim = f"{key}.claim-{hashlib.sha256(info.token.encode()).hexdigest()[:16]}"
+        if not self.fast.put_if_absent(claim, self._body()):
+            return False  # another mover claimed this lease first
+        self.fast.put(key, self._body())
+        self.fast.delete(claim)
+        return True
 
     def release(self, queue: str) -> None:
         """Drop the lease if this mover holds it."""

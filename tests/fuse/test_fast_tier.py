@@ -1,0 +1,65 @@
+"""The fast tier through real mounts, SeaweedFS as the object store: a node that dies
+after `ckptfs sync --fast`, before its uploads to S3, loses nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from faultproxy import FaultProxy, chunk_put
+from mounting import Mount, Nodes, run_cli
+from seaweed import SeaweedServer
+from support import random_bytes, wait_until
+
+MiB = 2**20
+#: the checkpoint's size: small in CI; CKPTFS_TEST_FAST_TIER_MIB=200 for the full scenario
+SIZE = int(os.environ.get("CKPTFS_TEST_FAST_TIER_MIB", "12")) * MiB
+
+
+def test_node_lost_after_fast_sync_loses_nothing(proxy: FaultProxy, seaweed: SeaweedServer,
+                                                 tmp_path: Path, nodes: Nodes) -> None:
+    """Node a saves a checkpoint; `sync --fast` returns; a is killed (SIGKILL) while every
+    chunk PUT to S3 is held, and its cache directory deleted. Node b (a fresh cache, the
+    same fast tier) reads the checkpoint byte for byte at once. `ckptfs drain` then puts
+    everything into S3 (once a's lease has run out), exit 0; with the fast tier deleted,
+    a node without one reads it all from S3."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    env = {**os.environ, "CKPTFS_FAST_LEASE": "2"}
+    common = ["--endpoint-url", proxy.endpoint, "--chunk-size", "1M"]
+    files = {"step-1/model.bin": random_bytes(SIZE), "step-1/meta.json": b'{"step": 1}\n'}
+    a = Mount(url, tmp_path, "a", extra=[*common, "--fast-tier", str(fast)], env=env)
+    nodes.append(a)
+    a.mount()
+    proxy.hold(chunk_put)  # nothing a sends reaches S3's chunks/
+    (a / "step-1").mkdir()
+    for name, data in files.items():
+        (a / name).write_bytes(data)
+    r = run_cli("sync", "--fast", str(a.path))
+    assert r.stdout.startswith("fast-durable: everything closed"), r.stdout
+    wait_until(lambda: proxy.held > 0, 30, "a's mover is copying a chunk to S3")
+    a.kill()
+    shutil.rmtree(a.cache)
+    assert proxy.requests_where(chunk_put, status=200) == []
+
+    b = Mount(url, tmp_path, "b", extra=[*common, "--fast-tier", str(fast)], env=env)
+    nodes.append(b)
+    b.mount()
+    assert sorted(os.listdir(b / "step-1")) == ["meta.json", "model.bin"]
+    for name, data in files.items():
+        assert (b / name).read_bytes() == data, name
+
+    proxy.release()
+    r = run_cli("drain", url, "--fast-tier", str(fast), "--endpoint-url", proxy.endpoint,
+                "--interval", "0", env=env)
+    assert r.stdout.startswith("drained: "), r.stdout
+    assert not (fast / "pending").exists() or not any((fast / "pending").iterdir())
+    b.umount()
+
+    shutil.rmtree(fast)
+    c = nodes.mount(url, tmp_path, "c", "--endpoint-url", seaweed.endpoint)
+    for name, data in files.items():
+        assert (c / name).read_bytes() == data, name
+    c.umount()
