@@ -393,7 +393,8 @@ class Daemon:
             store = TimedStore(p.store, store_requests)
         slow = store
         if p.fast is not None:  # everything written goes to the fast tier first
-            store = TieredStore(p.fast, slow, manifests.FILES, fasttier.newer_manifest)
+            store = TieredStore(p.fast, slow, manifests.FILES, fasttier.newer_manifest,
+                                fast_only=(manifests.INTENTS,))
         self.view = store
         journal_limiter = trio.CapacityLimiter(1)
         uploader = Uploader(store, p.cache, p.journal, journal_limiter, cfg.upload_threads,

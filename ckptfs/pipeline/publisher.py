@@ -142,6 +142,7 @@ class Publisher:
         #: until release(op): a delete or rename is in the object store only then
         self.hold_after_apply: Callable[[Op], bool] | None = None
         self._held: set[int] = set()  # seqs of the ops held so
+        self._held_paths: Counter[str] = Counter()  # and their paths
 
     def load(self, ops: list[Op]) -> None:
         """Queue ops found in the journal at startup."""
@@ -189,22 +190,26 @@ class Publisher:
         """A held op (hold_after_apply) is in the object store: its paths are free."""
         if op.seq in self._held:
             self._held.discard(op.seq)
-            self.release(op)
+            self.release(op, self._held_paths)
 
-    def release(self, op: Op) -> None:
-        """The op's paths are no longer pending."""
+    def release(self, op: Op, paths: Counter[str] | None = None) -> None:
+        """The op's paths are no longer pending (in `paths`: the unapplied ops' paths,
+        or the held ones')."""
+        counter = self._pending_paths if paths is None else paths
         for p in (op.path, op.path2):
             if p is not None:
-                self._pending_paths[p] -= 1
-                if not self._pending_paths[p]:
-                    del self._pending_paths[p]
+                counter[p] -= 1
+                if not counter[p]:
+                    del counter[p]
 
-    def is_pending(self, path: str) -> bool:
-        """Whether an unapplied op touches `path` or one of its ancestors."""
-        if not self._pending_paths:
+    def is_pending(self, path: str, held: bool = True) -> bool:
+        """Whether an unapplied op touches `path` or one of its ancestors (`held`: or an
+        op held after it was applied, see hold_after_apply)."""
+        counters = [c for c in (self._pending_paths, self._held_paths if held else None) if c]
+        if not counters:
             return False
         while True:
-            if self._pending_paths.get(path):
+            if any(c.get(path) for c in counters):
                 return True
             if not path:
                 return False
@@ -213,10 +218,9 @@ class Publisher:
     def pending_under(self, path: str) -> bool:
         """Whether an unapplied op touches `path`, one of its ancestors, or anything
         below it (is_pending, and the directory's whole subtree)."""
-        if not self._pending_paths:
-            return False
         below = f"{path}/" if path else ""
-        return self.is_pending(path) or any(p.startswith(below) for p in self._pending_paths)
+        return self.is_pending(path) or any(
+            p.startswith(below) for p in (*self._pending_paths, *self._held_paths))
 
     @property
     def pending_count(self) -> int:
@@ -232,10 +236,11 @@ class Publisher:
 
     async def wait_settled(self, path: str, timeout: float) -> bool:
         """Wait until no unapplied op touches `path` or an ancestor (is_pending); False
-        after `timeout` or while unhealthy."""
+        after `timeout` or while unhealthy, and while a held op does (not waited for: the
+        mover may be far behind)."""
         with trio.move_on_after(timeout):
             async with self._changed:
-                while self.is_pending(path) and self.healthy:
+                while self.is_pending(path, held=False) and self.healthy:
                     await self._changed.wait()
         return not self.is_pending(path)
 
@@ -299,10 +304,10 @@ class Publisher:
                 log.warning("could not update the journal (cache disk full?): %s", e)
             for op in batch:
                 self._queue.popleft()
+                self.release(op)
                 if applied and self.hold_after_apply is not None and self.hold_after_apply(op):
                     self._held.add(op.seq)
-                else:
-                    self.release(op)
+                    self._held_paths.update(p for p in (op.path, op.path2) if p is not None)
                 self.applied_seq = max(self.applied_seq, op.seq)
                 self._hold_staging(op, -1)
                 self._journaled_at.pop(op.seq, None)

@@ -23,14 +23,18 @@ class TieredStore(Store):
     the union of both. A record the two tiers both hold is read from both, and the
     caller's `newer(fast_bytes, slow_bytes)` picks (for manifests: the higher
     generation); the keys of `compare_prefix` only, every other key is read from the fast
-    tier when it has it. The store knows nothing of what the keys mean: its caller names
-    the prefix and the comparison (docs/ARCHITECTURE.md, "Layers").
+    tier when it has it. Keys under the `fast_only` prefixes are read and listed in the
+    fast tier alone (rename intents: a mover's in the object store are its own). The
+    store knows nothing of what the keys mean: its caller names the prefixes and the
+    comparison (docs/ARCHITECTURE.md, "Layers").
     """
 
     def __init__(self, fast: Store, slow: Store, compare_prefix: str = "",
-                 newer: Callable[[bytes, bytes], bool] = _fast_wins) -> None:
+                 newer: Callable[[bytes, bytes], bool] = _fast_wins,
+                 fast_only: tuple[str, ...] = ()) -> None:
         self.fast = fast
         self.slow = slow
+        self.fast_only = fast_only  # key prefixes read and listed in the fast tier only
         self.compare_prefix = compare_prefix
         self.newer = newer
         self.url = slow.url
@@ -76,6 +80,8 @@ class TieredStore(Store):
         try:
             data = self.fast.get(key, limit)
         except NotFoundError:
+            if key.startswith(self.fast_only):
+                raise
             return self.slow.get(key, limit)
         if self.compare_prefix and key.startswith(self.compare_prefix):
             try:
@@ -105,6 +111,8 @@ class TieredStore(Store):
         return self.slow.local_path(key)
 
     def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
+        if prefix.startswith(self.fast_only) and self.fast_only:
+            return self.fast.list(prefix, delimiter)
         return _union(self.fast.list(prefix, delimiter), self.slow.list(prefix, delimiter))
 
     def list_entry(self, prefix: str, name: str) -> Listing:
