@@ -466,11 +466,11 @@ class Daemon:
         self.fuse_started = self.mounted = True
         unmounted = trio.Event()
         async with trio.open_nursery() as nursery:
+            if parts.mover is not None:  # its lease taken before the first record
+                await nursery.start(parts.mover.run)
             for service in (parts.uploader.run, parts.fetcher.run, parts.publisher.run,
                             parts.control.serve):
                 await nursery.start(service)
-            if parts.mover is not None:
-                await nursery.start(parts.mover.run)
             if fs.journal_check is not None:
                 await nursery.start(fs.journal_check.run)
             if parts.autoprune is not None:

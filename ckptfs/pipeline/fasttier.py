@@ -205,6 +205,8 @@ class Replayer:
         self.slow: Store = RetryingStore(slow)  # type: ignore[assignment]
         self._publishers: dict[tuple[str, float], Publisher] = {}
         self.moved = Moved()
+        #: called between chunk copies: the caller renews the lease it moves under
+        self.keep_alive: Callable[[], object] = lambda: None
 
     def _publisher(self, record: Record) -> Publisher:
         """The op applier of the record's mount (its node id names trash batches and
@@ -275,8 +277,11 @@ class Replayer:
 
     def _copy_chunks(self, record: Record, chunks: list[str]) -> None:
         publisher = self._publisher(record)
+        results = []
         with ThreadPoolExecutor(LIMITS.confirm_threads) as pool:
-            results = list(pool.map(lambda h: self._copy_chunk(publisher, h), chunks))
+            for how in pool.map(lambda h: self._copy_chunk(publisher, h), chunks):
+                results.append(how)
+                self.keep_alive()  # a large file takes longer than a lease
         for chunk_hash, how in zip(chunks, results, strict=True):
             if how is None:
                 self.moved.lost += 1
@@ -391,6 +396,14 @@ def move_queue(replayer: Replayer, leases: Leases, queue: str,
     between records); stop at the first that is not `ready`, or when `stop()` says so.
     True when the queue was found empty."""
     renewed = time.monotonic()
+
+    def keep_alive() -> None:
+        nonlocal renewed
+        if time.monotonic() - renewed > leases.lease / 3:
+            leases.renew(queue)
+            renewed = time.monotonic()
+
+    replayer.keep_alive = keep_alive
     for key in replayer.queue_keys(queue):
         if stop is not None and stop():
             return False
@@ -424,6 +437,7 @@ class Mover:
         self.replayer = Replayer(fast, slow)
         self.leases = Leases(fast, queue, lease or lease_seconds())
         self.own: dict[int, Record] = {}  # recorded, not yet moved
+        self._lease_at = -float("inf")  # when this mount last renewed its own lease
         self._wake = trio.Event()
         self.healthy = True
         self.last_error: str | None = None
@@ -462,11 +476,20 @@ class Mover:
             if record is not None:
                 self.own.setdefault(record.op.seq, record)
 
-    def _move_own(self) -> None:
-        if not self.own:
-            return
+    def _hold_own(self) -> bool:
+        """Renew (or take back) the lease on this mount's queue when a third of the lease
+        time has passed since it last did; whether this mount holds it."""
+        if time.monotonic() - self._lease_at < self.leases.lease / 3:
+            return True
         if not self.leases.take_over(self.queue, self.leases.store_now()):
-            return  # another mover holds it (this mount was thought dead): wait
+            return False  # another mover holds it (this mount was thought dead): wait
+        self._lease_at = time.monotonic()
+        return True
+
+    def _move_own(self) -> None:
+        if not self.own or not self._hold_own():
+            return
+        self.replayer.keep_alive = self._hold_own
         for seq in sorted(self.own):
             record = self.own[seq]
             if not self._ready(record):
@@ -493,6 +516,7 @@ class Mover:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Move forever; cancel to stop."""
+        await trio.to_thread.run_sync(self._hold_own)  # before the first record
         await trio.to_thread.run_sync(self._load_own)
         task_status.started()
         delays = BACKGROUND.delays()
@@ -503,8 +527,7 @@ class Mover:
                 await trio.to_thread.run_sync(self._move_own)
                 if time.monotonic() - others_at > self.leases.lease / 3:
                     others_at = time.monotonic()
-                    if not self.own:
-                        await trio.to_thread.run_sync(self.leases.renew, self.queue)
+                    await trio.to_thread.run_sync(self._hold_own)
                     await trio.to_thread.run_sync(self._move_others)
                 self.healthy, self.last_error = True, None
                 delays = BACKGROUND.delays()
