@@ -400,6 +400,7 @@ class Daemon:
         uploader = Uploader(store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
                             cfg.uploads_while_writing, codec_name=p.info.codec)
         fetcher = Fetcher(store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
+        fetcher.behind = slow if p.fast is not None else None
         publisher = Publisher(store, p.journal, journal_limiter,
                               f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache,
                               trash_keep=0.0 if p.fast is not None else

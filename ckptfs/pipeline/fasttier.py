@@ -32,7 +32,14 @@ import trio
 
 from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
-from ckptfs.common.errors import CkptfsError, ConfigError, FormatError, NotFoundError, StoreError
+from ckptfs.common.errors import (
+    CkptfsError,
+    ConfigError,
+    CorruptChunkError,
+    FormatError,
+    NotFoundError,
+    StoreError,
+)
 from ckptfs.common.retry import BACKGROUND
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest
@@ -298,7 +305,12 @@ class Replayer:
         key = manifests.chunk_key(chunk_hash)
         try:
             blob = self.fast.get(key, codec.MAX_OBJECT_SIZE)
+            with codec.decoded(blob, chunk_hash):  # never a damaged copy into the store
+                pass
         except NotFoundError:
+            return None
+        except CorruptChunkError as e:
+            log.error("chunk %s is damaged in the fast tier: %s", chunk_hash, e)
             return None
         self.slow.put(key, blob)
         self.moved.chunks += 1

@@ -11,14 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import trio
 from support import random_bytes
 
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.pipeline import fasttier
+from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fasttier import Leases, Record, Replayer
+from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.journal import Op
 from ckptfs.store.local import LocalStore
+from ckptfs.store.tiered import TieredStore
 
 
 @pytest.fixture
@@ -169,3 +173,46 @@ def test_one_nodes_ops_reach_the_store_in_its_order(tiers: tuple[LocalStore, Loc
     fasttier.move_queue(Replayer(fast, slow), Leases(fast, "a", 30), "a")
     assert slow.get(file_key("y")) == first
     assert slow.get(file_key("x")) == second
+
+
+def damaged(blob: bytes) -> bytes:
+    """The chunk object with one payload byte flipped."""
+    at = codec.HEADER_SIZE + 10
+    return blob[:at] + bytes([blob[at] ^ 0xFF]) + blob[at + 1:]
+
+
+def test_a_chunk_damaged_in_the_fast_tier_is_read_from_the_store(
+        tiers: tuple[LocalStore, LocalStore], cache: LocalCache) -> None:
+    """A mount reads a chunk from the fast tier first; where that copy fails its name,
+    the object store's is read instead."""
+    fast, slow = tiers
+    data = random_bytes(64 * 1024)
+    h = codec.chunk_hash(data)
+    blob = codec.encode_chunk(data)[0]
+    slow.put(manifests.chunk_key(h), blob)
+    fast.put(manifests.chunk_key(h), damaged(blob))
+    f = Fetcher(TieredStore(fast, slow), cache, workers=2, missing_timeout=0.5)
+    f.behind = slow
+
+    async def body() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(f.run)
+            assert bytes(await f.read(h, 0, len(data))) == data
+            n.cancel_scope.cancel()
+
+    trio.run(body)
+
+
+def test_a_mover_never_copies_a_damaged_chunk(tiers: tuple[LocalStore, LocalStore]) -> None:
+    """A chunk damaged in the fast tier is not copied into the store (reported lost):
+    the store never holds a chunk that fails its name."""
+    fast, slow = tiers
+    data = random_bytes(5000)
+    publish(fast, "a", 1, "x", data, gen=1)
+    key = manifests.chunk_key(codec.chunk_hash(data))
+    fast.put(key, damaged(fast.get(key)))
+    replayer = Replayer(fast, slow)
+    record = replayer.read(fasttier.record_key("a", 1))
+    assert record is not None
+    replayer.move(record)
+    assert slow.head(key) is None and replayer.moved.lost == 1
