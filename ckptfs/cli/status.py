@@ -62,6 +62,9 @@ def state_line(st: dict[str, Any]) -> str:
     why = []
     if st["pending_chunks"] or st["pending_ops"]:
         why.append("uploading")
+    elif st.get("fast_pending_records"):
+        why.append(f"fast-durable, {st['fast_pending_records']} changes moving from the fast "
+                   f"tier to the store")
     if st["open_files"]:
         why.append(f"{st['open_files']} files open with data not yet published")
     files = len(st.get("problems") or ()) - bool(st.get("journal_damage"))

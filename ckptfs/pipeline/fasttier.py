@@ -131,7 +131,10 @@ def attach(url: str, store: Store) -> Store:
     """The fast tier at `url` (a directory store) for `store`: its ckptfs.json a copy of
     the store's, written at first use; ConfigError when it is not a directory or holds
     another store's."""
-    fast = open_store(url)
+    try:
+        fast = open_store(url)
+    except ConfigError as e:
+        raise ConfigError(f"--fast-tier {url}: {e}") from None
     if not isinstance(fast, LocalStore):
         fast.close()
         raise ConfigError(f"--fast-tier {url}: want a directory (on a file system every "

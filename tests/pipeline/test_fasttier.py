@@ -216,3 +216,20 @@ def test_a_mover_never_copies_a_damaged_chunk(tiers: tuple[LocalStore, LocalStor
     assert record is not None
     replayer.move(record)
     assert slow.head(key) is None and replayer.moved.lost == 1
+
+
+def test_readers_take_the_newer_manifest_of_the_two_tiers(
+        tiers: tuple[LocalStore, LocalStore]) -> None:
+    """Where both tiers hold a manifest, a mount reads the one with the higher generation
+    (the fast tier's on a tie), and lists each name once."""
+    fast, slow = tiers
+    view = TieredStore(fast, slow, manifests.FILES, fasttier.newer_manifest)
+    body = Manifest(0, 0o100644, 0).to_json()
+    slow.put(file_key("a"), manifests.with_generation(body, 5))
+    fast.put(file_key("a"), manifests.with_generation(body, 3))
+    assert manifests.generation(view.get_record(file_key("a"))) == 5
+    fast.put(file_key("a"), manifests.with_generation(body, 7))
+    slow.put(file_key("b"), body)  # written without a fast tier: generation 0
+    assert manifests.generation(view.get_record(file_key("a"))) == 7
+    assert [k for k, _ in view.list(manifests.FILES).objects] == [file_key("a"),
+                                                                   file_key("b")]
