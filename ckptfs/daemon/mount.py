@@ -424,14 +424,23 @@ class Daemon:
         if damage is not None:  # checked against the store once the nursery runs
             fs.journal_check = JournalCheck(store, p.journal, journal_limiter, p.cache,
                                             uploader, publisher, cfg.node_id, damage)
-        reached = fs.reached
-        if mover is not None:  # durable: in the object store
-            def reached(target: tuple[int, frozenset[str]]) -> bool:
-                return fs.reached(target) and mover.moved_through(target[0])
+        sync_target: Callable[[], Any] = fs.sync_target
+        reached: Callable[[Any], bool] = fs.reached
+        reached_fast: Callable[[Any], bool] = fs.reached
+        if mover is not None:  # durable: in the object store, not only the fast tier
+            def sync_target() -> tuple[tuple[int, frozenset[str]], int]:
+                target = fs.sync_target()  # and this mount's records, of earlier runs too
+                return target, max(target[0], mover.last_recorded())
+
+            def reached(target: tuple[tuple[int, frozenset[str]], int]) -> bool:
+                return fs.reached(target[0]) and mover.moved_through(target[1])
+
+            def reached_fast(target: tuple[tuple[int, frozenset[str]], int]) -> bool:
+                return fs.reached(target[0])
         control = ControlServer(fs.opt.control_socket,
                                 functools.partial(self.status, fs, autoprune),
-                                fs.sync_target, reached, uploader.wait_changed,
-                                self.latest, reached_fast=fs.reached)
+                                sync_target, reached, uploader.wait_changed,
+                                self.latest, reached_fast=reached_fast)
         metrics = None
         if cfg.metrics_addr is not None and store_requests is not None and fuse_requests:
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
@@ -444,7 +453,7 @@ class Daemon:
         """The fast tier's mover, and the publisher's hooks: each op recorded in the fast
         tier before it is applied there; a delete or rename stays pending here until the
         mover has it in the object store (else a listing would show the old name again)."""
-        mover = fasttier.Mover(fast, slow, publisher.node_id, lambda: publisher.applied_seq,
+        mover = fasttier.Mover(fast, slow, publisher.node_id, publisher.applied,
                                uploader.is_pending)
         recorder = fasttier.Recorder(fast, publisher.node_id,
                                      trash_seconds(self.cfg.trash_hours), mover.recorded)

@@ -443,11 +443,11 @@ class Mover:
     fast tier (and a put_file's chunks are there), other queues once their lease ran out."""
 
     def __init__(self, fast: Store, slow: Store, queue: str,
-                 applied: Callable[[], int], chunk_pending: Callable[[str], bool],
+                 applied: Callable[[int], bool], chunk_pending: Callable[[str], bool],
                  lease: float | None = None) -> None:
         self.fast = fast
         self.queue = queue
-        self.applied = applied  # the publisher's applied_seq
+        self.applied = applied  # the publisher's: is op seq applied to the fast tier?
         self.chunk_pending = chunk_pending  # the uploader's: not in the fast tier yet
         self.replayer = Replayer(fast, slow)
         self.leases = Leases(fast, queue, lease or lease_seconds())
@@ -469,13 +469,17 @@ class Mover:
     def pending_count(self) -> int:
         return len(self.own)
 
+    def last_recorded(self) -> int:
+        """The highest seq of this mount's records not yet moved (0: none)."""
+        return max(self.own, default=0)
+
     def moved_through(self, seq: int) -> bool:
         """No record of this mount with a seq at or below `seq` is left to move."""
         return not any(s <= seq for s in self.own)
 
     def _ready(self, record: Record) -> bool:
         op = record.op
-        if op.seq > self.applied():
+        if not self.applied(op.seq):
             return False
         if op.kind == "put_file" and op.body:
             try:

@@ -186,6 +186,11 @@ class Publisher:
         async with self._changed:
             self._changed.notify_all()
 
+    def applied(self, seq: int) -> bool:
+        """Whether op `seq` (journaled by this mount's cache) is no longer waiting here:
+        applied (or dropped), by this process or an earlier one."""
+        return seq <= self.applied_seq or all(op.seq != seq for op in self._queue)
+
     def release_held(self, op: Op) -> None:
         """A held op (hold_after_apply) is in the object store: its paths are free."""
         if op.seq in self._held:

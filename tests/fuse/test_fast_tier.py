@@ -12,6 +12,10 @@ from mounting import Mount, Nodes, run_cli
 from seaweed import SeaweedServer
 from support import random_bytes, wait_until
 
+from ckptfs.format import codec, manifests
+from ckptfs.format.manifests import Manifest
+from ckptfs.store.local import LocalStore
+
 MiB = 2**20
 #: the checkpoint's size: small in CI; CKPTFS_TEST_FAST_TIER_MIB=200 for the full scenario
 SIZE = int(os.environ.get("CKPTFS_TEST_FAST_TIER_MIB", "12")) * MiB
@@ -63,3 +67,37 @@ def test_node_lost_after_fast_sync_loses_nothing(proxy: FaultProxy, seaweed: Sea
     for name, data in files.items():
         assert (c / name).read_bytes() == data, name
     c.umount()
+
+
+def test_a_mount_killed_while_moving_finishes_at_its_next_mount(tmp_path: Path,
+                                                                nodes: Nodes) -> None:
+    """A mount is killed by a crash point right after its mover PUT a file's manifest
+    into the store, before it deleted the file's pending record: mounted again on the
+    same cache directory, it moves what its queue still holds, and `ckptfs sync` returns
+    with the file in the store (read with no fast tier), byte for byte."""
+    store, fast = tmp_path / "store", tmp_path / "fast"
+    store.mkdir()
+    fast.mkdir()
+    data = random_bytes(3 * MiB)
+    a = Mount(str(store), tmp_path, "a", extra=["--fast-tier", str(fast)],
+              env={**os.environ, "CKPTFS_CRASH_AT": "fast_manifest_put"})
+    nodes.append(a)
+    a.mount()
+    (a / "d").mkdir()
+    (a / "d/a.bin").write_bytes(data)
+    assert a.exited(30) and a.exit_code == -9
+    a.cleanup()
+    assert len(list((fast / "pending").rglob("*%o"))) == 1
+    a.env = None
+    a.mount()
+    run_cli("sync", str(a.path), "--timeout", "20")
+    assert not list((fast / "pending").rglob("*%o"))
+    a.umount()
+    assert stored_file(LocalStore(store), "d/a.bin") == data
+
+
+def stored_file(store: LocalStore, path: str) -> bytes:
+    """A file's bytes as the store alone holds them (its manifest, its chunks)."""
+    m = Manifest.from_json(store.get(manifests.file_key(path)))
+    return b"".join(bytes(codec.decode_chunk(store.get(manifests.chunk_key(h)), h))
+                    for h, _ in m.chunks)
