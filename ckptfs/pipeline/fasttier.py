@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -452,6 +453,7 @@ class Mover:
         self.replayer = Replayer(fast, slow)
         self.leases = Leases(fast, queue, lease or lease_seconds())
         self.own: dict[int, Record] = {}  # recorded, not yet moved
+        self._own_lock = threading.Lock()  # own: the publisher's thread adds to it
         self._lease_at = -float("inf")  # when this mount last renewed its own lease
         self._wake = trio.Event()
         self.healthy = True
@@ -461,7 +463,8 @@ class Mover:
 
     def recorded(self, record: Record) -> None:
         """Recorder's callback, from the publisher's thread."""
-        self.own[record.op.seq] = record
+        with self._own_lock:
+            self.own[record.op.seq] = record
 
     def wake(self) -> None:
         self._wake.set()
@@ -471,11 +474,13 @@ class Mover:
 
     def last_recorded(self) -> int:
         """The highest seq of this mount's records not yet moved (0: none)."""
-        return max(self.own, default=0)
+        with self._own_lock:
+            return max(self.own, default=0)
 
     def moved_through(self, seq: int) -> bool:
         """No record of this mount with a seq at or below `seq` is left to move."""
-        return not any(s <= seq for s in self.own)
+        with self._own_lock:
+            return not any(s <= seq for s in self.own)
 
     def _ready(self, record: Record) -> bool:
         op = record.op
@@ -493,7 +498,8 @@ class Mover:
         for key in self.replayer.queue_keys(self.queue):
             record = self.replayer.read(key)
             if record is not None:
-                self.own.setdefault(record.op.seq, record)
+                with self._own_lock:
+                    self.own.setdefault(record.op.seq, record)
 
     def _hold_own(self) -> bool:
         """Renew (or take back) the lease on this mount's queue when a third of the lease
@@ -509,14 +515,16 @@ class Mover:
         if not self.own or not self._hold_own():
             return
         self.replayer.keep_alive = self._hold_own
-        for seq in sorted(self.own):
-            record = self.own[seq]
+        with self._own_lock:
+            todo = sorted(self.own.items())
+        for seq, record in todo:
             if not self._ready(record):
                 return
             current = self.replayer.read(record.key)  # None: another mover moved it
             if current is not None:
                 self.replayer.move(current)
-            del self.own[seq]
+            with self._own_lock:
+                del self.own[seq]
             if self.on_moved is not None:
                 self.on_moved(record.op)
 
