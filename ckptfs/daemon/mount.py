@@ -391,13 +391,16 @@ class Daemon:
             store_requests = LatencyTable(STORE_BUCKETS)
             fuse_requests = LatencyTable(FUSE_BUCKETS, one_thread=True)
             store = TimedStore(p.store, store_requests)
-        slow = store
+        slow = uploads = store
         if p.fast is not None:  # everything written goes to the fast tier first
             store = TieredStore(p.fast, slow, manifests.FILES, fasttier.newer_manifest,
                                 fast_only=(manifests.INTENTS,))
+            # the uploader deduplicates against the fast tier alone: every chunk a pending
+            # manifest adds is there for the mover, whatever gc does meanwhile
+            uploads = TieredStore(p.fast, slow, fast_heads=(manifests.CHUNKS,))
         self.view = store
         journal_limiter = trio.CapacityLimiter(1)
-        uploader = Uploader(store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
+        uploader = Uploader(uploads, p.cache, p.journal, journal_limiter, cfg.upload_threads,
                             cfg.uploads_while_writing, codec_name=p.info.codec)
         fetcher = Fetcher(store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
         fetcher.behind = slow if p.fast is not None else None

@@ -24,17 +24,20 @@ class TieredStore(Store):
     caller's `newer(fast_bytes, slow_bytes)` picks (for manifests: the higher
     generation); the keys of `compare_prefix` only, every other key is read from the fast
     tier when it has it. Keys under the `fast_only` prefixes are read and listed in the
-    fast tier alone (rename intents: a mover's in the object store are its own). The
-    store knows nothing of what the keys mean: its caller names the prefixes and the
-    comparison (docs/ARCHITECTURE.md, "Layers").
+    fast tier alone (rename intents: a mover's in the object store are its own); a HEAD
+    of a key under the `fast_heads` prefixes looks in the fast tier only (the uploader's
+    view: it deduplicates chunks against the fast tier alone). The store knows nothing
+    of what the keys mean: its caller names the prefixes and the comparison
+    (docs/ARCHITECTURE.md, "Layers").
     """
 
     def __init__(self, fast: Store, slow: Store, compare_prefix: str = "",
                  newer: Callable[[bytes, bytes], bool] = _fast_wins,
-                 fast_only: tuple[str, ...] = ()) -> None:
+                 fast_only: tuple[str, ...] = (), fast_heads: tuple[str, ...] = ()) -> None:
         self.fast = fast
         self.slow = slow
         self.fast_only = fast_only  # key prefixes read and listed in the fast tier only
+        self.fast_heads = fast_heads  # key prefixes a HEAD looks for in the fast tier only
         self.compare_prefix = compare_prefix
         self.newer = newer
         self.url = slow.url
@@ -99,7 +102,9 @@ class TieredStore(Store):
 
     def head(self, key: str) -> int | None:
         size = self.fast.head(key)
-        return size if size is not None else self.slow.head(key)
+        if size is not None or (self.fast_heads and key.startswith(self.fast_heads)):
+            return size
+        return self.slow.head(key)
 
     def stat(self, key: str) -> ObjectInfo | None:
         info = self.fast.stat(key)

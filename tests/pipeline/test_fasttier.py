@@ -233,3 +233,18 @@ def test_readers_take_the_newer_manifest_of_the_two_tiers(
     assert manifests.generation(view.get_record(file_key("a"))) == 7
     assert [k for k, _ in view.list(manifests.FILES).objects] == [file_key("a"),
                                                                    file_key("b")]
+
+
+def test_a_writer_deduplicates_against_the_fast_tier_only(
+        tiers: tuple[LocalStore, LocalStore]) -> None:
+    """The uploader's view finds a chunk only in the fast tier (so it writes there every
+    chunk a new manifest adds, out of gc's reach), while readers still find it in the
+    object store."""
+    fast, slow = tiers
+    data = random_bytes(1000)
+    key = manifests.chunk_key(codec.chunk_hash(data))
+    slow.put(key, codec.encode_chunk(data)[0])
+    uploads = TieredStore(fast, slow, fast_heads=(manifests.CHUNKS,))
+    assert uploads.head(key) is None
+    assert TieredStore(fast, slow).head(key) is not None
+    assert uploads.get(key) == slow.get(key)
