@@ -511,22 +511,40 @@ class Mover:
         self._lease_at = time.monotonic()
         return True
 
-    def _move_own(self) -> None:
-        if not self.own or not self._hold_own():
-            return
-        self.replayer.keep_alive = self._hold_own
+    async def _move_own(self) -> None:
+        """Move this mount's records that are ready, in order: which ones is decided here,
+        in trio (the publisher's and uploader's state is trio's); the moves run in a
+        thread; the publisher hears of each moved op here too."""
         with self._own_lock:
             todo = sorted(self.own.items())
-        for seq, record in todo:
+        ready = []
+        for _, record in todo:
             if not self._ready(record):
-                return
+                break
+            ready.append(record)
+        if not ready:
+            return
+        moved: list[Op] = []
+        try:
+            await trio.to_thread.run_sync(self._move_records, ready, moved)
+        finally:
+            if self.on_moved is not None:
+                for op in moved:
+                    self.on_moved(op)
+
+    def _move_records(self, records: list[Record], moved: list[Op]) -> None:
+        """In a thread: move `records` (this mount's, ready, in order) while this mount
+        holds its queue's lease; each moved op is appended to `moved`."""
+        if not self._hold_own():
+            return
+        self.replayer.keep_alive = self._hold_own
+        for record in records:
             current = self.replayer.read(record.key)  # None: another mover moved it
             if current is not None:
                 self.replayer.move(current)
             with self._own_lock:
-                del self.own[seq]
-            if self.on_moved is not None:
-                self.on_moved(record.op)
+                del self.own[record.op.seq]
+            moved.append(record.op)
 
     def _move_others(self) -> None:
         now = self.leases.store_now()
@@ -551,7 +569,7 @@ class Mover:
         while True:
             self._wake = trio.Event()
             try:
-                await trio.to_thread.run_sync(self._move_own)
+                await self._move_own()
                 if time.monotonic() - others_at > self.leases.lease / 3:
                     others_at = time.monotonic()
                     await trio.to_thread.run_sync(self._hold_own)
