@@ -20,7 +20,8 @@ from ckptfs.pipeline import fasttier
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fasttier import Leases, Record, Replayer
 from ckptfs.pipeline.fetcher import Fetcher
-from ckptfs.pipeline.journal import Op
+from ckptfs.pipeline.journal import Journal, Op
+from ckptfs.pipeline.publisher import Publisher
 from ckptfs.store.local import LocalStore
 from ckptfs.store.tiered import TieredStore
 
@@ -248,3 +249,29 @@ def test_a_writer_deduplicates_against_the_fast_tier_only(
     assert uploads.head(key) is None
     assert TieredStore(fast, slow).head(key) is not None
     assert uploads.get(key) == slow.get(key)
+
+
+def test_a_delete_stays_pending_on_its_node_until_moved(tmp_path: Path,
+                                                        journal: Journal) -> None:
+    """With a fast tier, a delete applied to the fast tier keeps its path pending on the
+    mount (its listings do not show the name again from the object store) until the
+    mover has it in the object store; waiting for the path to settle does not wait for
+    the mover; once moved, the path is free."""
+    (tmp_path / "fast").mkdir()
+    pub = Publisher(LocalStore(tmp_path / "fast"), journal, trio.CapacityLimiter(1))
+    pub.hold_after_apply = fasttier.held
+    seq = journal.add_op("delete_file", "d/a", None, None)
+    pub.enqueue(Op(seq, "delete_file", "d/a"))
+
+    async def body() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(pub.run)
+            assert await pub.wait_applied(seq, timeout=5.0)
+            assert pub.is_pending("d/a") and pub.pending_under("d")
+            with trio.fail_after(2):
+                assert not await pub.wait_settled("d/a", timeout=30)
+            pub.release_held(Op(seq, "delete_file", "d/a"))
+            assert not pub.is_pending("d/a") and not pub.pending_under("d")
+            n.cancel_scope.cancel()
+
+    trio.run(body)
