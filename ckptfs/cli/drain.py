@@ -32,8 +32,7 @@ DRAIN_EPILOG = ("example (a SLURM epilog): ckptfs drain s3://bucket/run7 --fast-
 def cmd_drain(a: argparse.Namespace) -> int:
     fast_url = a.fast_tier or os.environ.get("CKPTFS_FAST_TIER", "")
     if not fast_url:
-        raise UsageError("ckptfs drain: give the fast tier: --fast-tier DIR (or "
-                         "CKPTFS_FAST_TIER)")
+        raise UsageError("give the fast tier: --fast-tier DIR (or CKPTFS_FAST_TIER)")
     from ckptfs.common.errors import ConfigError
     from ckptfs.pipeline import fasttier
 
@@ -41,7 +40,7 @@ def cmd_drain(a: argparse.Namespace) -> int:
     try:
         fast = fasttier.attach(fast_url, target.store)
     except ConfigError as e:
-        raise UsageError(str(e).replace("--fast-tier", "fast tier", 1)) from None
+        raise UsageError(str(e)) from None
     deadline = None if a.timeout is None else time.monotonic() + a.timeout
     with ProgressDisplay(interval=a.interval) as display:
 
