@@ -42,8 +42,8 @@ def daemon_gone(path: str) -> str:
             f"uploads")
 
 
-def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float | None = 10.0
-            ) -> Generator[Any, None, None]:
+def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float | None = 10.0,
+            **args: Any) -> Generator[Any, None, None]:
     """The daemon's answers to `cmd` (status, sync), one by one; CliError when it cannot
     be reached or refuses."""
     # imported here: the client imports trio (90 ms), which `--help` and the store tools
@@ -51,7 +51,8 @@ def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float |
     from ckptfs.daemon.control import request as control_request
 
     try:
-        for answer in control_request(sock or control_socket(mountpoint), cmd, timeout):
+        for answer in control_request(sock or control_socket(mountpoint), cmd, timeout,
+                                      **args):
             if set(answer) == {"error"}:  # e.g. "permission denied": not the mount's owner
                 raise CliError(f"the ckptfs daemon of {mountpoint}: {answer['error']}")
             yield answer
@@ -100,15 +101,17 @@ class SyncProgress:
                           done / total if total else 1.0)
 
 
-def sync(mountpoint: str, timeout: float | None, sock: str | None = None) -> dict[str, Any]:
-    """Stream the daemon's sync progress; the final status, or SyncTimeout on timeout."""
+def sync(mountpoint: str, timeout: float | None, sock: str | None = None,
+         fast: bool = False) -> dict[str, Any]:
+    """Stream the daemon's sync progress; the final status, or SyncTimeout on timeout.
+    `fast`: until everything closed is in the fast tier (a mount with --fast-tier)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last: dict[str, Any] | None = None
     with ProgressDisplay() as display:
         progress = SyncProgress(display)
         try:
             for answer in request(mountpoint, "sync", sock, timeout=None if timeout is None
-                                  else max(timeout, 1.0)):
+                                  else max(timeout, 1.0), **({"fast": True} if fast else {})):
                 if "progress" in answer:
                     last = answer["progress"]
                     progress.show(answer["progress"])

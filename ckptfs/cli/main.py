@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptfs import __version__
+from ckptfs.cli.drain import add_drain_parser
 from ckptfs.cli.du import add_du_parser
 from ckptfs.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PIPE, CliError, UsageError
 from ckptfs.cli.gc import add_gc_parser
@@ -49,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (add_mount_parser, add_umount_parser, add_status_parsers,
                 add_inspection_parsers, add_gc_parser, add_du_parser, add_prune_parser,
-                add_trash_parser, add_upgrade_parser):
+                add_trash_parser, add_upgrade_parser, add_drain_parser):
         add(sub)
     p.set_defaults(commands=frozenset(sub.choices))
     return p

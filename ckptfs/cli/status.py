@@ -62,6 +62,9 @@ def state_line(st: dict[str, Any]) -> str:
     why = []
     if st["pending_chunks"] or st["pending_ops"]:
         why.append("uploading")
+    elif st.get("fast_pending_records"):
+        why.append(f"fast-durable, {st['fast_pending_records']} changes moving from the fast "
+                   f"tier to the store")
     if st["open_files"]:
         why.append(f"{st['open_files']} files open with data not yet published")
     files = len(st.get("problems") or ()) - bool(st.get("journal_damage"))
@@ -170,8 +173,12 @@ def watch_view(st: dict[str, Any], rates: dict[str, float]) -> Any:
 
 
 def cmd_sync(a: argparse.Namespace) -> int:
-    sync(mount_of(a.mountpoint), a.timeout)
-    print(f"durable: everything closed under {a.mountpoint} is in the store")
+    st = sync(mount_of(a.mountpoint), a.timeout, fast=a.fast)
+    if a.fast and st.get("fast_tier"):
+        print(f"fast-durable: everything closed under {a.mountpoint} is in the fast tier "
+              f"{st['fast_tier']}")
+    else:
+        print(f"durable: everything closed under {a.mountpoint} is in the store")
     return 0
 
 
@@ -194,4 +201,7 @@ def add_status_parsers(sub: Any) -> None:
                    help="the mount point, or any path inside the mount (the whole mount is "
                    "synced)")
     y.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
+    y.add_argument("--fast", action="store_true", help="a mount with --fast-tier: return once "
+                   "everything closed is in the fast tier (every node reads it, any node "
+                   "finishes its way to the store), not waiting for the store")
     y.set_defaults(func=cmd_sync)

@@ -374,6 +374,11 @@ class MountConfig:
         "0755 or 1777 (default: {})", kind="mode", metavar="MODE", shown="its own")
     node_id: str = option("", "--node-id", "name of this node in manifests (default: {})",
                           metavar="NAME", shown="hostname")
+    fast_tier: str | None = option(
+        None, "--fast-tier", "a directory every node shares (Lustre, NFS, EFS; any "
+        "directory store URL) in front of the store: closed files go there first and to the "
+        "store in the background, any node finishes what a lost node left (default {})",
+        metavar="DIR")
     # auto-prune (autoprune.py): off unless keep_last is set; the policy of `ckptfs prune`
     keep_last: int | None = option(
         None, "--keep-last", "auto-prune: after this mount writes into a checkpoint directory "
@@ -447,6 +452,9 @@ class MountConfig:
         if self.metrics_addr is not None:
             metrics_address(self.metrics_addr)
         self._check_keep()
+        if self.fast_tier is not None and self.keep_last is not None:
+            raise ConfigError("--keep-last does not work with --fast-tier yet: run "
+                              "`ckptfs prune` on the store instead")
         if self.store_mode is not None:
             try:
                 parse_store_mode(self.store_mode)

@@ -5,9 +5,10 @@ Protocol: the client sends one JSON line {"cmd": "status"}, {"cmd": "sync"} or {
 "latest", "dir": DIR, "pattern": PATTERN}; the server answers JSON lines. `status`
 answers once. `sync` answers a status line every half second until everything closed
 before the request is in the store (later saves do not delay it), then {"done": true,
-...}. `latest` answers {"latest": PATH or null}: the newest complete checkpoint directory
-under DIR (both relative to the filesystem root), as `ckptfs latest` finds it in the
-store; or {"error": ...}.
+...}; with "fast": true, until it is in the fast tier (--fast-tier). `latest` answers
+{"latest": PATH or null}: the newest complete checkpoint directory under DIR (both
+relative to the filesystem root), as `ckptfs latest` finds it in the store; or {"error":
+...}.
 Only the mount's owner (or root) may connect (checked with SO_PEERCRED).
 """
 
@@ -38,13 +39,16 @@ class ControlServer:
     def __init__(self, path: str, status: Callable[[], dict[str, Any]],
                  sync_target: Callable[[], Any], reached: Callable[[Any], bool],
                  changed: Callable[[], Any],
-                 latest: Callable[[str, str], Awaitable[str | None]]) -> None:
+                 latest: Callable[[str, str], Awaitable[str | None]],
+                 reached_fast: Callable[[Any], bool] | None = None) -> None:
         self.path = path
         self.status = status
         self.sync_target = sync_target  # what is journaled now
         self.reached = reached  # is that target in the store?
         self.changed = changed  # async: returns after the next upload progress
         self.latest = latest  # async (dir, pattern): the newest complete checkpoint, or None
+        #: is that target in the fast tier (--fast-tier; else: reached)
+        self.reached_fast = reached_fast or reached
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with contextlib.suppress(FileNotFoundError):  # a socket a killed daemon left
@@ -90,7 +94,8 @@ class ControlServer:
                     await self._send(stream, self.status())
                 elif cmd == "sync":
                     target = self.sync_target()
-                    while not self.reached(target):
+                    reached = self.reached_fast if req.get("fast") else self.reached
+                    while not reached(target):
                         await self._send(stream, {"progress": self.status()})
                         with trio.move_on_after(PROGRESS_INTERVAL):
                             await self.changed()

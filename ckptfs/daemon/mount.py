@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -46,7 +47,7 @@ from ckptfs.common.config import (
     trash_seconds,
 )
 from ckptfs.common.crashpoints import crash_point
-from ckptfs.common.errors import ConfigError, NotFoundError
+from ckptfs.common.errors import ConfigError, NotFoundError, StoreError
 from ckptfs.common.latency import FUSE_BUCKETS, STORE_BUCKETS, LatencyTable
 from ckptfs.common.redact import redact, redacted
 from ckptfs.daemon import mounts
@@ -60,6 +61,7 @@ from ckptfs.format.manifests import StoreInfo
 from ckptfs.fs.autoprune import AutoPruner, Policy
 from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.options import Options
+from ckptfs.pipeline import fasttier
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.journal import Journal
@@ -68,6 +70,7 @@ from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.pipeline.uploader import Uploader
 from ckptfs.store import LocalStore, open_store
 from ckptfs.store.base import AsyncStore, Store
+from ckptfs.store.tiered import TieredStore
 from ckptfs.store.timed import TimedStore
 from ckptfs.tools import inspection
 
@@ -166,6 +169,8 @@ class Prepared:
     #: the log file (log_path), opened for `ckptfs mount` to send the daemon's output
     #: to; None in the foreground (the log goes to stderr)
     log_fd: int | None = None
+    #: the fast tier (--fast-tier), None without one
+    fast: Store | None = None
 
 
 def check_mountpoint(path: str) -> None:
@@ -285,7 +290,8 @@ def prepare(cfg: MountConfig) -> Prepared:
             f"checks the files this node wrote against the store, and is not durable "
             f"until that is done (ckptfs status)")))
     cache.scan(keep_staging=journal.staging_in_use(), keep_unnamed=damage is not None)
-    return Prepared(cfg, store, info, journal, cache, lock_fd, notices, log_fd)
+    fast = fasttier.attach(cfg.fast_tier, store) if cfg.fast_tier is not None else None
+    return Prepared(cfg, store, info, journal, cache, lock_fd, notices, log_fd, fast)
 
 
 def log_path(cfg: MountConfig) -> str:
@@ -345,6 +351,7 @@ class Parts:
     autoprune: AutoPruner | None
     metrics: MetricsServer | None  # with --metrics-addr
     fuse_requests: LatencyTable | None  # with --metrics-addr: FUSE requests timed
+    mover: fasttier.Mover | None = None  # with --fast-tier
 
 
 class Daemon:
@@ -360,6 +367,8 @@ class Daemon:
         self.started = time.time()
         self.flush_scope: trio.CancelScope | None = None  # the final flush, once it runs
         self.metrics: MetricsServer | None = None  # with --metrics-addr, once built
+        self.view: Store = p.store  # what the mount reads: with a fast tier, both tiers
+        self.mover: fasttier.Mover | None = None  # with --fast-tier, once built
 
     def run(self) -> int:
         for notice in self.p.notices:  # printed by `ckptfs mount` before the log was open
@@ -384,13 +393,26 @@ class Daemon:
             store_requests = LatencyTable(STORE_BUCKETS)
             fuse_requests = LatencyTable(FUSE_BUCKETS, one_thread=True)
             store = TimedStore(p.store, store_requests)
+        slow = uploads = store
+        if p.fast is not None:  # everything written goes to the fast tier first
+            store = TieredStore(p.fast, slow, manifests.FILES, fasttier.newer_manifest,
+                                fast_only=(manifests.INTENTS,))
+            # the uploader deduplicates against the fast tier alone: every chunk a pending
+            # manifest adds is there for the mover, whatever gc does meanwhile
+            uploads = TieredStore(p.fast, slow, fast_heads=(manifests.CHUNKS,))
+        self.view = store
         journal_limiter = trio.CapacityLimiter(1)
-        uploader = Uploader(store, p.cache, p.journal, journal_limiter, cfg.upload_threads,
+        uploader = Uploader(uploads, p.cache, p.journal, journal_limiter, cfg.upload_threads,
                             cfg.uploads_while_writing, codec_name=p.info.codec)
         fetcher = Fetcher(store, p.cache, cfg.fetch_threads, cfg.missing_chunk_timeout)
+        fetcher.behind = slow if p.fast is not None else None
         publisher = Publisher(store, p.journal, journal_limiter,
                               f"{cfg.node_id}-{p.journal.get_meta('cache_id')}", p.cache,
-                              trash_keep=trash_seconds(cfg.trash_hours), codec_name=p.info.codec)
+                              trash_keep=0.0 if p.fast is not None else
+                              trash_seconds(cfg.trash_hours), codec_name=p.info.codec)
+        mover = None
+        if p.fast is not None:  # the object store's trash is kept by the mover
+            mover = self.fast_mover(p.fast, slow, uploader, publisher)
         meta_limiter = trio.CapacityLimiter(LIMITS.metadata_threads)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
         fs = CheckpointFS(AsyncStore(store, meta_limiter), p.cache, uploader, fetcher,
@@ -407,10 +429,23 @@ class Daemon:
         if damage is not None:  # checked against the store once the nursery runs
             fs.journal_check = JournalCheck(store, p.journal, journal_limiter, p.cache,
                                             uploader, publisher, cfg.node_id, damage)
+        sync_target: Callable[[], Any] = fs.sync_target
+        reached: Callable[[Any], bool] = fs.reached
+        reached_fast: Callable[[Any], bool] = fs.reached
+        if mover is not None:  # durable: in the object store, not only the fast tier
+            def sync_target() -> tuple[tuple[int, frozenset[str]], int]:
+                target = fs.sync_target()  # and this mount's records, of earlier runs too
+                return target, max(target[0], mover.last_recorded())
+
+            def reached(target: tuple[tuple[int, frozenset[str]], int]) -> bool:
+                return fs.reached(target[0]) and mover.moved_through(target[1])
+
+            def reached_fast(target: tuple[tuple[int, frozenset[str]], int]) -> bool:
+                return fs.reached(target[0])
         control = ControlServer(fs.opt.control_socket,
                                 functools.partial(self.status, fs, autoprune),
-                                fs.sync_target, fs.reached, uploader.wait_changed,
-                                self.latest)
+                                sync_target, reached, uploader.wait_changed,
+                                self.latest, reached_fast=reached_fast)
         metrics = None
         if cfg.metrics_addr is not None and store_requests is not None and fuse_requests:
             from ckptfs.daemon.metrics import MetricsServer
@@ -418,10 +453,26 @@ class Daemon:
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
                                     __version__, p.store.url)
         return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
-                     fuse_requests)
+                     fuse_requests, mover)
+
+    def fast_mover(self, fast: Store, slow: Store, uploader: Uploader,
+                   publisher: Publisher) -> fasttier.Mover:
+        """The fast tier's mover, and the publisher's hooks: each op recorded in the fast
+        tier before it is applied there; a delete or rename stays pending here until the
+        mover has it in the object store (else a listing would show the old name again)."""
+        mover = fasttier.Mover(fast, slow, publisher.node_id, publisher.applied,
+                               uploader.is_pending)
+        recorder = fasttier.Recorder(fast, publisher.node_id,
+                                     trash_seconds(self.cfg.trash_hours), mover.recorded)
+        publisher.before_apply = recorder.before_apply
+        publisher.hold_after_apply = fasttier.held
+        publisher.on_applied = lambda op: mover.wake()
+        mover.on_moved = publisher.release_held
+        return mover
 
     async def main(self) -> int:
         parts = self.build()
+        self.mover = parts.mover
         fs = parts.fs
         await parts.uploader.resume(self.p.journal.pending_chunks())
         for problem in fs.problems():  # said at every mount until the file is rewritten
@@ -432,6 +483,8 @@ class Daemon:
         self.fuse_started = self.mounted = True
         unmounted = trio.Event()
         async with trio.open_nursery() as nursery:
+            if parts.mover is not None:  # its lease taken before the first record
+                await nursery.start(parts.mover.run)
             for service in (parts.uploader.run, parts.fetcher.run, parts.publisher.run,
                             parts.control.serve):
                 await nursery.start(service)
@@ -471,9 +524,15 @@ class Daemon:
         with trio.CancelScope() as self.flush_scope:
             await fs.publish_leftovers()
             await fs.wait_all_flushed()
+            if parts.mover is not None:  # and from the fast tier to the object store
+                await parts.mover.wait_moved()
             if parts.autoprune is not None and fs.flushed():
                 await parts.autoprune.finish()
         durable = fs.durable()
+        if parts.mover is not None:
+            durable = durable and not parts.mover.pending_count()
+            with contextlib.suppress(StoreError):
+                await trio.to_thread.run_sync(parts.mover.finish)
         for problem in fs.problems():
             log.error("%s", problem)
         log.info("flush %s", "complete: everything is in the store" if durable else
@@ -506,6 +565,10 @@ class Daemon:
                   metrics_addr=self.metrics.address if self.metrics is not None else None,
                   autoprune=autoprune.statistics() if autoprune is not None else None,
                   files=fs.files_in_flight())
+        if self.mover is not None:  # durable: in the object store, not only the fast tier
+            st.update(self.mover.statistics(), fast_tier=self.p.fast.url if self.p.fast
+                      else None, fast_durable=st["durable"])
+            st["durable"] = st["durable"] and not self.mover.pending_count()
         return redacted(st)  # printed by status, returned by the Python API
 
     async def latest(self, dir_path: str, pattern: str) -> str | None:
@@ -517,7 +580,7 @@ class Daemon:
             log.warning("latest: skipped, DAMAGED %s", problem.describe())
 
         return await trio.to_thread.run_sync(
-            functools.partial(inspection.latest, self.p.store, dir_path.strip("/"), pattern,
+            functools.partial(inspection.latest, self.view, dir_path.strip("/"), pattern,
                               damaged=damaged))
 
     def close(self) -> None:
@@ -528,6 +591,8 @@ class Daemon:
         self.p.cache.close()
         self.p.journal.close()
         self.p.store.close()
+        if self.p.fast is not None:
+            self.p.fast.close()
         os.close(self.p.lock_fd)
 
 

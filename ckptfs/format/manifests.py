@@ -458,3 +458,25 @@ class RenameIntent:
                 src.startswith(dst + "/")):
             raise r.problem(f"a rename of {src!r} to {dst!r} is not one a writer makes")
         return cls(src, dst, r.string("writer", ""), r.number("time", 0.0))
+
+
+#: the manifest field a fast-tier mount adds (docs/FORMAT.md, "The fast tier"): the
+#: version's generation, which orders the versions of one path; readers ignore it
+GENERATION = "gen"
+
+
+def generation(body: bytes) -> int:
+    """The `gen` of a manifest's bytes; 0 when it has none (written without a fast tier)
+    or is not a JSON object with an integer `gen`."""
+    try:
+        value = json.loads(body).get(GENERATION, 0)
+    except (ValueError, AttributeError, UnicodeError):
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def with_generation(body: bytes, gen: int) -> bytes:
+    """The manifest `body` with its `gen` set to `gen` (other fields as they were)."""
+    record = json.loads(body)
+    record[GENERATION] = gen
+    return json.dumps(record, separators=(",", ":")).encode()

@@ -55,6 +55,9 @@ class Fetcher:
         self.verified_chunks = 0
         self.damaged_chunks = 0
         self.fossil_chunks = 0  # fetched from fossils/ (set aside by gc)
+        #: with a fast tier (store.tiered): the object store behind it, where a chunk
+        #: damaged in the fast tier is read instead
+        self.behind: Store | None = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host prefetch tasks until cancelled."""
@@ -153,7 +156,14 @@ class Fetcher:
     def _get_sync(self, chunk_hash: str) -> tuple[int, bool]:
         """(raw size, whether it came from fossils/)."""
         try:
-            return self._get_key(chunk_hash, manifests.chunk_key(chunk_hash)), False
+            try:
+                return self._get_key(chunk_hash, manifests.chunk_key(chunk_hash)), False
+            except CorruptChunkError as e:
+                if self.behind is None:
+                    raise
+                log.warning("%s (in the fast tier): reading it from the store", e)
+                return self._get_key(chunk_hash, manifests.chunk_key(chunk_hash),
+                                     self.behind), False
         except NotFoundError as e:
             # `ckptfs gc` may have set the chunk aside just before a writer published a
             # manifest naming it; the next gc run restores it (docs/FORMAT.md, "Garbage
@@ -166,11 +176,13 @@ class Fetcher:
                      "restores it)", chunk_hash)
             return size, True
 
-    def _get_key(self, chunk_hash: str, key: str) -> int:
-        """GET the object `key`, verify it as chunk `chunk_hash`, make it readable."""
-        path = self.store.local_path(key)
+    def _get_key(self, chunk_hash: str, key: str, store: Store | None = None) -> int:
+        """GET the object `key` (of `store`, by default the fetcher's), verify it as chunk
+        `chunk_hash`, make it readable."""
+        store = store or self.store
+        path = store.local_path(key)
         before = in_place_identity(path)
-        blob = self.store.get(key, codec.MAX_OBJECT_SIZE)
+        blob = store.get(key, codec.MAX_OBJECT_SIZE)
         try:
             if self.cache.memory_limit and not (path is not None and codec.is_raw(blob)):
                 # served from memory: decoded into a reused buffer (a raw chunk: the GET's)

@@ -135,6 +135,14 @@ class Publisher:
         #: told of every op once it is in the store (not of an op dropped as undoable):
         #: the auto-prune's trigger (autoprune.py)
         self.on_applied: Callable[[Op], None] | None = None
+        #: with a fast tier (fasttier.py): called in the applying thread with each batch
+        #: before it is applied, returns the ops to apply (each recorded first)
+        self.before_apply: Callable[[list[Op]], list[Op]] | None = None
+        #: with a fast tier: whether an op's paths stay pending (is_pending) once applied,
+        #: until release(op): a delete or rename is in the object store only then
+        self.hold_after_apply: Callable[[Op], bool] | None = None
+        self._held: set[int] = set()  # seqs of the ops held so
+        self._held_paths: Counter[str] = Counter()  # and their paths
 
     def load(self, ops: list[Op]) -> None:
         """Queue ops found in the journal at startup."""
@@ -178,12 +186,35 @@ class Publisher:
         async with self._changed:
             self._changed.notify_all()
 
-    def is_pending(self, path: str) -> bool:
-        """Whether an unapplied op touches `path` or one of its ancestors."""
-        if not self._pending_paths:
+    def applied(self, seq: int) -> bool:
+        """Whether op `seq` (journaled by this mount's cache) is no longer waiting here:
+        applied (or dropped), by this process or an earlier one."""
+        return seq <= self.applied_seq or all(op.seq != seq for op in self._queue)
+
+    def release_held(self, op: Op) -> None:
+        """A held op (hold_after_apply) is in the object store: its paths are free."""
+        if op.seq in self._held:
+            self._held.discard(op.seq)
+            self.release(op, self._held_paths)
+
+    def release(self, op: Op, paths: Counter[str] | None = None) -> None:
+        """The op's paths are no longer pending (in `paths`: the unapplied ops' paths,
+        or the held ones')."""
+        counter = self._pending_paths if paths is None else paths
+        for p in (op.path, op.path2):
+            if p is not None:
+                counter[p] -= 1
+                if not counter[p]:
+                    del counter[p]
+
+    def is_pending(self, path: str, held: bool = True) -> bool:
+        """Whether an unapplied op touches `path` or one of its ancestors (`held`: or an
+        op held after it was applied, see hold_after_apply)."""
+        counters = [c for c in (self._pending_paths, self._held_paths if held else None) if c]
+        if not counters:
             return False
         while True:
-            if self._pending_paths.get(path):
+            if any(c.get(path) for c in counters):
                 return True
             if not path:
                 return False
@@ -192,10 +223,9 @@ class Publisher:
     def pending_under(self, path: str) -> bool:
         """Whether an unapplied op touches `path`, one of its ancestors, or anything
         below it (is_pending, and the directory's whole subtree)."""
-        if not self._pending_paths:
-            return False
         below = f"{path}/" if path else ""
-        return self.is_pending(path) or any(p.startswith(below) for p in self._pending_paths)
+        return self.is_pending(path) or any(
+            p.startswith(below) for p in (*self._pending_paths, *self._held_paths))
 
     @property
     def pending_count(self) -> int:
@@ -211,10 +241,11 @@ class Publisher:
 
     async def wait_settled(self, path: str, timeout: float) -> bool:
         """Wait until no unapplied op touches `path` or an ancestor (is_pending); False
-        after `timeout` or while unhealthy."""
+        after `timeout` or while unhealthy, and while a held op does (not waited for: the
+        mover may be far behind)."""
         with trio.move_on_after(timeout):
             async with self._changed:
-                while self.is_pending(path) and self.healthy:
+                while self.is_pending(path, held=False) and self.healthy:
                     await self._changed.wait()
         return not self.is_pending(path)
 
@@ -245,7 +276,11 @@ class Publisher:
                 to_confirm = self._to_confirm(batch[0])
                 if to_confirm is None or to_confirm:
                     await self._confirm_chunks(batch[0], to_confirm)
-                await trio.to_thread.run_sync(self._apply_sync, batch, limiter=self.limiter)
+                to_apply = batch
+                if self.before_apply is not None:
+                    to_apply = await trio.to_thread.run_sync(self.before_apply, batch,
+                                                             limiter=self.limiter)
+                await trio.to_thread.run_sync(self._apply_sync, to_apply, limiter=self.limiter)
                 self.last_error = None
             except StoreError as e:
                 self.healthy = False
@@ -274,11 +309,10 @@ class Publisher:
                 log.warning("could not update the journal (cache disk full?): %s", e)
             for op in batch:
                 self._queue.popleft()
-                for p in (op.path, op.path2):
-                    if p is not None:
-                        self._pending_paths[p] -= 1
-                        if not self._pending_paths[p]:
-                            del self._pending_paths[p]
+                self.release(op)
+                if applied and self.hold_after_apply is not None and self.hold_after_apply(op):
+                    self._held.add(op.seq)
+                    self._held_paths.update(p for p in (op.path, op.path2) if p is not None)
                 self.applied_seq = max(self.applied_seq, op.seq)
                 self._hold_staging(op, -1)
                 self._journaled_at.pop(op.seq, None)
