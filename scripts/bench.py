@@ -58,6 +58,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from benchlib import TESTS
@@ -82,6 +83,10 @@ from benchlib.peers import PEERS, missing_peers
 from benchlib.pyspy import Recording, py_spy
 
 from ckptfs.store import open_store
+
+if TYPE_CHECKING:
+    from azurite import AzuriteServer
+    from fakegcs import FakeGcsServer
 
 
 def bench_local(work: Path, state: dict[str, object], settled: bool) -> dict[str, float]:
@@ -287,9 +292,7 @@ def main() -> int:
         where, suffix = (a.profile, ".svg") if a.profile is not None else (work, ".gil.txt")
         return lambda phase: Recording(spy, where / f"{name}-{phase}{suffix}", a.gil)
 
-    from azurite import AzuriteServer  # (tests/: on sys.path through benchlib)
-    from fakegcs import FakeGcsServer
-    from seaweed import SeaweedServer
+    from seaweed import SeaweedServer  # (tests/: on sys.path through benchlib)
 
     server = SeaweedServer(work / "weed")
     os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
@@ -302,8 +305,16 @@ def main() -> int:
                                   str(a.s3_mbps)], stdout=subprocess.PIPE, text=True)
         assert proxy.stdout is not None
         s3_endpoint = proxy.stdout.readline().strip()
-    azurite = AzuriteServer(work / "azurite") if "ck-az" in a.targets else None
-    fakegcs = FakeGcsServer(work / "fakegcs") if "ck-gs" in a.targets else None
+    azurite: AzuriteServer | None = None  # (their SDKs imported only when used)
+    fakegcs: FakeGcsServer | None = None
+    if "ck-az" in a.targets:
+        from azurite import AzuriteServer
+
+        azurite = AzuriteServer(work / "azurite")
+    if "ck-gs" in a.targets:
+        from fakegcs import FakeGcsServer
+
+        fakegcs = FakeGcsServer(work / "fakegcs")
     results: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
     try:
         if azurite is not None:
