@@ -19,7 +19,8 @@
 # prof/ with PROFILE=1. Knobs, with their defaults (quick's in brackets):
 #   bench      GIB=1 [0.25]  RUNS=3 [1]  TARGETS=local,trivial,raw-s3,ck-s3,ck-dir
 #              GIL=1 (0: no py-spy beside the daemon)
-#              PROFILE=0 (1: flame graphs of the daemons, GIL holders only, in OUT/prof)
+#              PROFILE=0 (1: flame graphs in OUT/prof: bench's daemons, GIL holders
+#              only, and the ranks' daemon)
 #   ranks      RANK_MIB=256 [64]  RANKS=8 [2]  RANK_RUNS=1  RANK_TARGETS=local,trivial,ck-s3
 #   cold-read  READ_GIB=1 [0.25]  READ_RUNS=3 [1]  VARIANTS='|--fetch-threads 16' [''],
 #              mount options of each ckptfs variant, '|'-separated, '' = the defaults
