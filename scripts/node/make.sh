@@ -11,7 +11,8 @@
 # BUILD_PY="env PYENV_VERSION=3.12.1 python3.12").
 # What it packs (see docs/PERFORMANCE.md, "Measuring on a training node"):
 #   wheels/    ckptfs's runtime dependencies for cpPYVER manylinux x86-64 (not the Azure
-#              and GCS SDKs: the benchmarks use S3 and the directory store), py-spy, and
+#              and GCS SDKs: the benchmarks use S3 and the directory store; requests,
+#              which the store layer imports, is added), py-spy, and
 #              pyfuse3 built here if a python$PYVER is at hand (else pyfuse3.tar.gz, its
 #              source, compiled on the node, with setuptools among the wheels)
 #   fuse3.tgz  Debian 12's libfuse3 (library, headers) and fusermount3
@@ -29,19 +30,19 @@ mkdir -p "$n/wheels"
 say() { echo "make.sh: $*"; }
 quiet() { grep -v -e '^WARNING: Location' -e '^Looking in' || true; }
 
-# the wheels: ckptfs's dependencies (from pyproject.toml) for the node's Python
-if ! ls "$n"/wheels/trio-*.whl >/dev/null 2>&1; then
-  mapfile -t deps < <(python3 -c '
+# the wheels: ckptfs's dependencies (from pyproject.toml) for the node's Python, and
+# requests, which the store layer imports (the Azure and GCS SDKs bring it otherwise);
+# pip keeps what is already in wheels/
+mapfile -t deps < <(python3 -c '
 import re, tomllib
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 skip = ("pyfuse3", "azure-", "google-")
 print("\n".join(d for d in deps if not re.split(r"[<>=!~ \[;]", d)[0].startswith(skip)))')
-  say "downloading cp${PYVER/./} wheels: ${deps[*]} py-spy setuptools"
-  python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-    -d "$n/wheels" "${deps[@]}" 'py-spy>=0.4' setuptools 2>&1 | quiet
-fi
+say "cp${PYVER/./} wheels: ${deps[*]} requests py-spy setuptools"
+python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+  -d "$n/wheels" "${deps[@]}" requests 'py-spy>=0.4' setuptools 2>&1 | quiet
 
 # pyfuse3: a wheel built here for the node's Python, else its source
 if ! ls "$n"/wheels/pyfuse3-*.whl "$n"/pyfuse3.tar.gz >/dev/null 2>&1; then

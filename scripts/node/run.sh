@@ -72,7 +72,7 @@ if ! "$PY" -c 'import pyfuse3' 2>/dev/null && [ -f "$bundle/pyfuse3.tar.gz" ]; t
     && cp src/pyfuse3/*.py "$WORK/site/pyfuse3/") \
     || { tail -20 "$WORK/pyfuse3-build.log"; echo "run.sh: pyfuse3 did not build" >&2; exit 3; }
 fi
-"$PY" -c 'import ckptfs, pyfuse3, trio, boto3, zstandard, xxhash
+"$PY" -c 'import ckptfs, ckptfs.cli.main, ckptfs.daemon.mount, ckptfs.store.s3, pyfuse3
 print("ready: ckptfs", ckptfs.__version__, "pyfuse3", pyfuse3.__version__)' \
   || { echo "run.sh: the bundle does not import here" >&2; exit 3; }
 weed version 2>/dev/null | grep -m1 "^version" || true

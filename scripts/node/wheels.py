@@ -16,6 +16,7 @@ import re
 import shutil
 import sys
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -44,6 +45,17 @@ def needed(bundled: str, installed: str | None) -> bool:
     """Whether the bundle's version of a distribution is to be used: the node has none,
     or an older one."""
     return installed is None or release(installed) < release(bundled)
+
+
+def newest(wheels: Iterable[Path]) -> dict[str, tuple[str, Path]]:
+    """{distribution: (version, wheel)}, the newest wheel of each (a make.sh re-run after
+    a release downloads the new one beside the old)."""
+    found: dict[str, tuple[str, Path]] = {}
+    for wheel in wheels:
+        dist, version = wheel_version(wheel.name)
+        if dist not in found or release(version) > release(found[dist][0]):
+            found[dist] = (version, wheel)
+    return found
 
 
 def installed_version(dist: str) -> str | None:
@@ -78,8 +90,7 @@ def main(argv: list[str]) -> int:
         print("usage: wheels.py WHEELS_DIR SITE_DIR BIN_DIR", file=sys.stderr)
         return 2
     wheels, site, bin_dir = map(Path, argv)
-    for wheel in sorted(wheels.glob("*.whl")):
-        dist, version = wheel_version(wheel.name)
+    for dist, (version, wheel) in sorted(newest(wheels.glob("*.whl")).items()):
         have = installed_version(dist)
         if needed(version, have):
             unpack(wheel, site, bin_dir)

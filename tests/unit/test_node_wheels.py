@@ -1,5 +1,6 @@
 """The node bundle's wheels (scripts/node/wheels.py): the node's own newer or equal
-distributions are kept, the others unpacked for PYTHONPATH, executables into bin."""
+distributions are kept, the others unpacked for PYTHONPATH (the newest wheel of each),
+executables into bin."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def test_missing_unpacked_present_kept(tmp_path: Path, capsys: pytest.CaptureFix
         "ckptfs_absent_dist-1.0.data/purelib/beside.py": b"",
         "ckptfs_absent_dist-1.0.dist-info/METADATA": b"Name: ckptfs-absent-dist\n"})
     make_wheel(src / "pytest-0.1-py3-none-any.whl", {"pytest/__init__.py": b"broken"})
+    make_wheel(src / "ckptfs_absent_dist-0.9-py3-none-any.whl",  # an older download beside
+               {"ckptfs_absent_dist/__init__.py": b"X = 0\n"})
 
     assert wheels.main([str(src), str(site), str(bin_dir)]) == 0
 
@@ -60,5 +63,5 @@ def test_missing_unpacked_present_kept(tmp_path: Path, capsys: pytest.CaptureFix
     assert (bin_dir / "absent-tool").stat().st_mode & stat.S_IXUSR
     assert not (site / "pytest").exists()  # this Python's own pytest is newer than 0.1
     out = capsys.readouterr().out
-    assert "  ckptfs-absent-dist 1.0\n" in out
+    assert "  ckptfs-absent-dist 1.0\n" in out and "0.9" not in out
     assert f"  pytest: the node's {pytest.__version__} (bundled 0.1)\n" in out
