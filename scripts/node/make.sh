@@ -45,7 +45,7 @@ python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" --imple
   -d "$n/wheels" "${deps[@]}" requests 'py-spy>=0.4' setuptools 2>&1 | quiet
 
 # pyfuse3: a wheel built here for the node's Python, else its source
-if ! ls "$n"/wheels/pyfuse3-*.whl "$n"/pyfuse3.tar.gz >/dev/null 2>&1; then
+if ! compgen -G "$n/wheels/pyfuse3-*.whl" >/dev/null && [ ! -f "$n/pyfuse3.tar.gz" ]; then
   # the version the checkout's venv runs (scripts/setup.sh), else the newest known to work
   pyfuse3=$("$root/.venv/bin/python" -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' \
     2>/dev/null || echo 3.5.0)
