@@ -13,8 +13,8 @@
 #   wheels/    ckptfs's runtime dependencies for cpPYVER manylinux x86-64 (not the Azure
 #              and GCS SDKs: the benchmarks use S3 and the directory store; requests,
 #              which the store layer imports, is added), py-spy, and
-#              pyfuse3 built here if a python$PYVER is at hand (else pyfuse3.tar.gz, its
-#              source, compiled on the node, with setuptools among the wheels)
+#              pyfuse3 built here if a python$PYVER is at hand (else pyfuse3.tar.gz, the
+#              source of 3.4.0, compiled on the node, with setuptools among the wheels)
 #   fuse3.tgz  Debian 12's libfuse3 (library, headers) and fusermount3
 #   weed.xz    the SeaweedFS binary the tests use (the S3 server on the node's loopback)
 #   proj.tgz   this checkout's ckptfs/, scripts/, tests/ and pyproject.toml
@@ -56,8 +56,10 @@ if ! compgen -G "$n/wheels/pyfuse3-*.whl" >/dev/null && [ ! -f "$n/pyfuse3.tar.g
     $build -m pip wheel -q --no-deps --no-binary=pyfuse3 "pyfuse3==$pyfuse3" -w "$n/wheels" \
       2>&1 | quiet
   else
-    say "no Python $PYVER here ($build): packing pyfuse3 $pyfuse3's source, compiled on the node"
-    python3 -m pip download -q --no-deps --no-binary=:all: "pyfuse3==$pyfuse3" -d "$tmp/sdist" \
+    # 3.4.0: the last source that builds with its setup.py alone (its C file generated;
+    # later ones need Cython and setuptools_scm on the node)
+    say "no Python $PYVER here ($build): packing pyfuse3 3.4.0's source, compiled on the node"
+    python3 -m pip download -q --no-deps --no-binary=pyfuse3 "pyfuse3==3.4.0" -d "$tmp/sdist" \
       2>&1 | quiet
     cp "$tmp"/sdist/pyfuse3-*.tar.gz "$n/pyfuse3.tar.gz"
   fi

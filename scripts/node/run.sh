@@ -124,4 +124,4 @@ if runs cold-read; then
   step cold-read "$PY" scripts/bench_cold_read.py --gib "${READ_GIB:-1}" \
     --runs "${READ_RUNS:-3}" "${vargs[@]}"
 fi
-echo "== end, $(date -u +%T); FUSE mounts left: $(grep -c ' fuse' /proc/mounts || true)"
+echo "== end, $(date -u +%T); FUSE mounts now: $(awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | tr '\n' ' ')"
