@@ -26,6 +26,12 @@ includes its mount; for raw, the GET), bytes stored, daemon peak RSS, and the da
 seconds during the save and during its mount and cold load. Run as root (drops
 the page cache before cold loads).
 
+--gil adds the seconds per GiB each ckptfs daemon holds the GIL: py-spy (--gil, 250
+samples a second, never pausing the daemon) attached before the save and before the cold
+load's torch.load (not timed; the mount's own start-up is not per GiB), held seconds =
+samples / rate, beside trivialfs's CPU seconds per GiB in the same phases (its whole
+process: the least a pyfuse3 file system spends per GiB) and their ratio.
+
 Every timed save starts from the same state: page cache dropped, then 2 s idle. On a VM
 that hands free memory back to its host (this one does: virtio-balloon free page
 reporting), a page touched for the first time costs a fault in the host too, and how
@@ -34,6 +40,7 @@ target that runs right after a cache drop wins.
 
     .venv/bin/python scripts/bench.py --gib 1 --runs 3
     .venv/bin/python scripts/bench.py --targets local,ck-s3,ck-az,ck-gs
+    .venv/bin/python scripts/bench.py --gib 1 --runs 3 --targets trivial,ck-s3,ck-dir --gil
     .venv/bin/python scripts/bench.py --runs 5 --targets \
         local,trivial,raw-s3,ck-s3,ck-s3:--uploads-while-writing=0,juicefs,rclone,s3fs
     git worktree add /tmp/before HEAD~1   # a change measured before/after, interleaved:
@@ -43,103 +50,43 @@ target that runs right after a cache drop wins.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING
 
 import torch
+from benchlib import TESTS
+from benchlib.harness import (
+    cpu_seconds,
+    drop_caches,
+    du,
+    median,
+    peak_rss,
+    run,
+    save_into,
+    seconds,
+    settle,
+    start_trivial,
+    state_dict,
+    status,
+    stop_trivial,
+    table,
+    tensor_gib,
+)
+from benchlib.peers import PEERS, missing_peers
+from benchlib.pyspy import Recording, py_spy
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))
-from azurite import AzuriteServer  # noqa: E402
-from bench_peers import PEERS, missing_peers  # noqa: E402
-from fakegcs import FakeGcsServer  # noqa: E402
-from seaweed import SeaweedServer  # noqa: E402
+from ckptfs.store import open_store
 
-from ckptfs.store import open_store  # noqa: E402
-
-CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
-
-
-def state_dict(gib: float) -> dict[str, object]:
-    """An optimizer checkpoint of `gib` GiB in 16 MiB fp32 tensors, four per parameter:
-    its weights, Adam's two moments (small values; the second one positive), and a
-    frozen copy (a base model's weights, other random values)."""
-    torch.manual_seed(0)
-    n = max(1, round(gib * 1024 / 64))  # parameters: 4 tensors of 16 MiB each
-    numel = 4 * 1024 * 1024
-    weights = {f"layer{i}.weight": torch.randn(numel) for i in range(n)}
-    return {
-        "model": weights,
-        "optimizer": {"state": {i: {"step": torch.tensor(1000.0),
-                                    "exp_avg": torch.randn(numel) * 1e-3,
-                                    "exp_avg_sq": torch.randn(numel).square() * 1e-6}
-                                for i in range(n)},
-                      "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999),
-                                        "params": list(range(n))}]},
-        "frozen": {f"base.layer{i}.weight": torch.randn(numel) for i in range(n)},
-        "step": 1000,
-    }
-
-
-def drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass
-
-
-def settle() -> None:
-    """The same starting state for every timed save (see the module docstring)."""
-    drop_caches()
-    time.sleep(2)
-
-
-def du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds the process `pid` has used so far (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run(*args: str, tree: str | None = None) -> str:
-    """The ckptfs command line, from the source tree `tree` if given (A/B runs)."""
-    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
-    # `python -m` puts the working directory first on sys.path: run in the tree
-    r = subprocess.run([*CKPTFS, *args], capture_output=True, text=True, env=env, cwd=tree)
-    if r.returncode:
-        raise SystemExit(f"ckptfs {' '.join(args)} failed: {r.stderr.strip()}")
-    return r.stdout
-
-
-def save_into(root: Path, state: dict[str, object]) -> tuple[Path, float]:
-    """mkdir root/step-1 and torch.save into it, as a training loop does: (the file, the
-    seconds torch.save took)."""
-    (root / "step-1").mkdir()
-    path = root / "step-1" / "ckpt.pt"
-    t0 = time.perf_counter()
-    torch.save(state, path)
-    return path, time.perf_counter() - t0
+if TYPE_CHECKING:
+    from azurite import AzuriteServer
+    from fakegcs import FakeGcsServer
 
 
 def bench_local(work: Path, state: dict[str, object], settled: bool) -> dict[str, float]:
@@ -162,78 +109,62 @@ def bench_local(work: Path, state: dict[str, object], settled: bool) -> dict[str
     return {"save": save, "durable": durable, "load": load, "stored": size, "rss": 0}
 
 
-class Profile:
-    """py-spy flame graphs of a daemon (`--profile DIR`): one SVG per phase and run."""
-
-    def __init__(self, out: Path | None, name: str) -> None:
-        self.out, self.name = out, name
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, pid: int, phase: str) -> None:
-        if self.out is None:
-            return
-        svg = self.out / f"{self.name}-{phase}.svg"
-        self._proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
-             "--rate", "250", "--threads", "--nonblocking", "-o", str(svg)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)  # attached before the phase starts
-
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.send_signal(signal.SIGINT)  # py-spy writes the SVG on SIGINT
-            self._proc.wait(60)
-            self._proc = None
+#: makes the py-spy recording of one phase ("save", "load") of a daemon
+Recorder = Callable[[str], Recording]
 
 
 def bench_ckptfs(work: Path, state: dict[str, object], store: str, extra: list[str],
                  stored_bytes: Callable[[], int], settled: bool, tree: str | None = None,
-                 profile: Profile | None = None) -> dict[str, float]:
+                 record: Recorder | None = None) -> dict[str, float]:
     """Save right after the mount comes up, into a directory made just before; durable
     when `ckptfs umount` returns; cold load timed from the new mount's command on (a
-    node's restore includes its mount). `profile`: flame graphs of the save and the
-    cold load (their times then include py-spy's cost and its start)."""
-    profile = profile or Profile(None, "")
+    node's restore includes its mount). `record`: py-spy on the daemon during the save
+    and during the cold load's torch.load (--profile, --gil): it attaches before each
+    phase, untimed; it samples beside the phase, which pays for that only in CPU."""
     mnt, mnt2 = work / "mnt", work / "mnt2"
     cache, cache2 = work / "cache", work / "cache2"
     for p in (cache, cache2):
         shutil.rmtree(p, ignore_errors=True)
     mnt.mkdir(exist_ok=True)
     mnt2.mkdir(exist_ok=True)
+    r: dict[str, float] = {}
     if settled:
         settle()
     run("mount", store, str(mnt), "--cache-dir", str(cache), *extra, tree=tree)
     pid = status(mnt, tree)["pid"]
-    profile.start(pid, "save")
+    recording = record("save") if record else None
+    if recording:
+        recording.start(pid)
     cpu0 = cpu_seconds(pid)
     t0 = time.perf_counter()
-    path, save = save_into(mnt, state)
-    save_cpu = cpu_seconds(pid) - cpu0
-    profile.stop()
+    path, r["save"] = save_into(mnt, state)
+    r["save_cpu"] = cpu_seconds(pid) - cpu0
+    if recording and (gil := recording.stop()) is not None:
+        r["save_gil"] = gil
     rss = peak_rss(pid)
     run("umount", str(mnt), tree=tree)
-    durable = time.perf_counter() - t0
+    r["durable"] = time.perf_counter() - t0
     drop_caches()
     t1 = time.perf_counter()
     run("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra, tree=tree)
     pid2 = status(mnt2, tree)["pid"]
-    profile.start(pid2, "load")
+    up = time.perf_counter() - t1
+    recording = record("load") if record else None
+    if recording:
+        recording.start(pid2)
+    t2 = time.perf_counter()
     torch.load(mnt2 / path.relative_to(mnt))
-    load = time.perf_counter() - t1
-    load_cpu = cpu_seconds(pid2)  # since it started: its mount, then the load
-    profile.stop()
-    rss = max(rss, peak_rss(pid2))
+    r["load"] = up + time.perf_counter() - t2
+    r["load_cpu"] = cpu_seconds(pid2)  # since it started: its mount, then the load
+    if recording and (gil := recording.stop()) is not None:
+        r["load_gil"] = gil
+    r["rss"] = max(rss, peak_rss(pid2))
     shutil.rmtree(mnt2 / "step-1")
     run("umount", str(mnt2), tree=tree)
-    stored = stored_bytes()
+    r["stored"] = stored_bytes()
     for p in (cache, cache2):
         shutil.rmtree(p, ignore_errors=True)
-    return {"save": save, "durable": durable, "load": load, "stored": stored, "rss": rss,
-            "save_cpu": save_cpu, "load_cpu": load_cpu}
-
-
-def status(mnt: Path, tree: str | None) -> dict[str, Any]:
-    return cast(dict[str, Any], json.loads(run("status", str(mnt), "--json", tree=tree)))
+    return r
 
 
 def url_bytes(url: str, extra: list[str]) -> Callable[[], int]:
@@ -255,8 +186,6 @@ def bench_trivial(work: Path, state: dict[str, object], settled: bool
     """The floors of any pyfuse3 file system here: torch.save through one that only passes
     writes to a local file, and the cold torch.load of that file through it (page cache
     dropped; the mount's read-ahead raised as ckptfs raises its own)."""
-    from bench_fuse_floor import start_trivial
-
     from ckptfs.daemon.mount import tune_readahead
 
     mnt, backing = work / "trivial", work / "trivial-backing"
@@ -277,8 +206,7 @@ def bench_trivial(work: Path, state: dict[str, object], settled: bool
         load = time.perf_counter() - t1
         cpu2 = cpu_seconds(proc.pid)
     finally:
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-        proc.wait(10)
+        stop_trivial(mnt, proc)
         shutil.rmtree(backing, ignore_errors=True)
         mnt.rmdir()
     return {"save": save, "durable": float("nan"), "load": load, "stored": 0, "rss": 0,
@@ -328,13 +256,18 @@ def main() -> int:
                          "one is (default: no cap, loopback speed)")
     ap.add_argument("--profile", metavar="DIR", type=Path, default=None,
                     help="write py-spy flame graphs of each ckptfs daemon's save and cold "
-                         "load to DIR/<target>-<run>-save.svg and -load.svg (py-spy: "
-                         ".venv/bin/pip install -e '.[bench]'; the timed phases then include "
-                         "its cost)")
+                         "load to DIR/<target>-<run>-save.svg and -load.svg (with --gil: of "
+                         "the thread holding the GIL only)")
+    ap.add_argument("--gil", action="store_true",
+                    help="report the seconds per GiB each ckptfs daemon holds the GIL "
+                         "during the save and the cold load's torch.load (py-spy --gil), "
+                         "beside trivialfs's CPU seconds per GiB")
     a = ap.parse_args()
+    spy = py_spy()
+    if (a.profile is not None or a.gil) and spy is None:
+        ap.exit(2, "bench.py: --profile and --gil need py-spy: .venv/bin/pip install -e "
+                   "'.[bench]'\n")
     if a.profile is not None:
-        if not Path(sys.executable).with_name("py-spy").exists():
-            ap.exit(2, "bench.py: --profile needs py-spy: .venv/bin/pip install -e '.[bench]'\n")
         a.profile.mkdir(parents=True, exist_ok=True)
     settled = not a.no_settle
     targets = a.targets.split(",")
@@ -349,6 +282,18 @@ def main() -> int:
         ap.exit(2, "".join(f"bench.py: {m}\n" for m in missing))
     work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-", dir=a.workdir))
     state = state_dict(a.gib)
+    gib = tensor_gib(a.gib)
+
+    def recorder(name: str) -> Recorder | None:
+        """py-spy's recordings of target run `name`: flame graphs in --profile DIR,
+        else (--gil alone) collapsed stacks in the work dir, counted, then removed."""
+        if spy is None or (a.profile is None and not a.gil):
+            return None
+        where, suffix = (a.profile, ".svg") if a.profile is not None else (work, ".gil.txt")
+        return lambda phase: Recording(spy, where / f"{name}-{phase}{suffix}", a.gil)
+
+    from seaweed import SeaweedServer  # (tests/: on sys.path through benchlib)
+
     server = SeaweedServer(work / "weed")
     os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
                       AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1")
@@ -360,8 +305,16 @@ def main() -> int:
                                   str(a.s3_mbps)], stdout=subprocess.PIPE, text=True)
         assert proxy.stdout is not None
         s3_endpoint = proxy.stdout.readline().strip()
-    azurite = AzuriteServer(work / "azurite") if "ck-az" in a.targets else None
-    fakegcs = FakeGcsServer(work / "fakegcs") if "ck-gs" in a.targets else None
+    azurite: AzuriteServer | None = None  # (their SDKs imported only when used)
+    fakegcs: FakeGcsServer | None = None
+    if "ck-az" in a.targets:
+        from azurite import AzuriteServer
+
+        azurite = AzuriteServer(work / "azurite")
+    if "ck-gs" in a.targets:
+        from fakegcs import FakeGcsServer
+
+        fakegcs = FakeGcsServer(work / "fakegcs")
     results: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
     try:
         if azurite is not None:
@@ -377,14 +330,14 @@ def main() -> int:
         for i in range(a.runs):
             for n, t in enumerate(targets):
                 kind, _, options = t.partition(":")
-                prof = Profile(a.profile, "".join(c if c.isalnum() or c in "-_" else "_"
-                                                  for c in t) + f"-{i + 1}")
+                rec = recorder("".join(c if c.isalnum() or c in "-_" else "_" for c in t)
+                               + f"-{i + 1}")
                 kind, _, tree = kind.partition("@")
                 extra = options.split()
                 if "://" in t:  # a store URL, as it is
                     r = bench_ckptfs(work, state, t.rstrip("/") + f"/run{i}-{n}", [],
                                      url_bytes(t.rstrip("/") + f"/run{i}-{n}", []), settled,
-                                     profile=prof)
+                                     record=rec)
                 elif kind in ("ck-az", "ck-gs"):
                     if kind == "ck-az":
                         assert azurite is not None
@@ -394,7 +347,7 @@ def main() -> int:
                         url, endpoint = f"gs://{gcs_bucket}/run{i}-{n}", fakegcs.endpoint
                     store_extra = ["--endpoint-url", endpoint, *extra]
                     r = bench_ckptfs(work, state, url, store_extra,
-                                     url_bytes(url, store_extra), settled, tree or None, prof)
+                                     url_bytes(url, store_extra), settled, tree or None, rec)
                 elif kind == "local":
                     r = bench_local(work, state, settled)
                 elif kind in PEERS:
@@ -407,7 +360,7 @@ def main() -> int:
                     dir_store.mkdir()
                     r = bench_ckptfs(work, state, str(dir_store), extra,
                                      lambda: du(dir_store / "chunks"), settled, tree or None,
-                                     prof)
+                                     rec)
                 elif kind == "ck-s3":
                     prefix = f"run{i}-{n}"
 
@@ -418,7 +371,7 @@ def main() -> int:
 
                     r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
                                      ["--endpoint-url", s3_endpoint, *extra], s3_bytes,
-                                     settled, tree or None, prof)
+                                     settled, tree or None, rec)
                 else:  # raw-s3
                     r = bench_raw(work, state, client, bucket)
                 results[t].append(r)
@@ -437,23 +390,46 @@ def main() -> int:
             subprocess.run(["fusermount3", "-u", "-z", str(work / m)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
-    def med(t: str, k: str) -> float:
-        return statistics.median(r[k] for r in results[t])
-
-    width = max(8, *map(len, targets))
     print(f"\n{a.gib:g} GiB state dict, medians of {a.runs} interleaved runs")
-    print(f"{'target':{width}s} {'save s':>8s} {'durable s':>10s} {'cold load s':>12s} "
-          f"{'stored MiB':>11s} {'daemon RSS MiB':>15s} {'daemon CPU s: save':>19s} "
-          f"{'load':>5s}")
-    for t in targets:
-        cpu = (f"{med(t, 'save_cpu'):19.2f} {med(t, 'load_cpu'):5.2f}"
-               if "save_cpu" in results[t][0] else "")
-        print(f"{t:{width}s} {med(t, 'save'):8.2f} {med(t, 'durable'):10.2f} "
-              f"{med(t, 'load'):12.2f} {med(t, 'stored') / 2**20:11.0f} "
-              f"{max(r['rss'] for r in results[t]) / 2**20:15.0f} {cpu}")
+    print(summary(results, targets, gib, a.gil))
+    return 0
+
+
+def summary(results: dict[str, list[dict[str, float]]], targets: list[str], gib: float,
+            gil: bool) -> str:
+    """The table of medians, the GIL table (--gil), then each ckptfs target against the
+    floors and the raw store."""
+
+    def med(t: str, k: str) -> float:
+        return median(r.get(k, float("nan")) for r in results[t])
+
+    lines = [table(
+        ["target", "save s", "durable s", "cold load s", "stored MiB", "daemon RSS MiB",
+         "daemon CPU s: save", "load"],
+        ([t, seconds(med(t, "save")), seconds(med(t, "durable")), seconds(med(t, "load")),
+          f"{med(t, 'stored') / 2**20:.0f}", f"{max(r['rss'] for r in results[t]) / 2**20:.0f}",
+          seconds(med(t, "save_cpu")), seconds(med(t, "load_cpu"))] for t in targets))]
+    floor = {k: med("trivial", f"{k}_cpu") / gib if "trivial" in targets else float("nan")
+             for k in ("save", "load")}
+    if gil:
+        def per_gib(t: str, k: str) -> str:
+            held = med(t, f"{k}_gil") / gib
+            x = f" ({held / floor[k]:.2f}x)" if floor[k] == floor[k] else ""
+            return "-" if held != held else f"{held:.2f}{x}"
+
+        lines += ["", "seconds per GiB: a ckptfs daemon holding the GIL (during the save; "
+                  "during the cold load's torch.load, the mount excluded) and x trivialfs's "
+                  "CPU seconds per GiB (its whole process, same phases)", table(
+                      ["target", "save s/GiB", "load s/GiB"],
+                      [*([["trivial (CPU)", seconds(floor["save"]), seconds(floor["load"])]]
+                         if "trivial" in targets else []),
+                       *([f"{t} (GIL held)", per_gib(t, "save"), per_gib(t, "load")]
+                         for t in targets if "save_gil" in results[t][0])])]
+
     def ratio(t: str, k: str, base: str, what: str) -> str | None:
         return f"{med(t, k) / med(base, k):.2f}x {what}" if base in targets else None
 
+    lines.append("")
     for t in targets:
         if not (t.startswith("ck-") or "://" in t or t in PEERS):
             continue
@@ -463,8 +439,8 @@ def main() -> int:
                 *((ratio(t, "durable", "raw-s3", "raw PUT (durable)"),
                    ratio(t, "load", "raw-s3", "raw GET+load"),
                    ratio(t, "load", "s3fs", "s3fs (cold load)")) if s3 else ())]
-        print(f"{t}: " + ", ".join(x for x in said if x is not None))
-    return 0
+        lines.append(f"{t}: " + ", ".join(x for x in said if x is not None))
+    return "\n".join(lines).rstrip()
 
 
 if __name__ == "__main__":

@@ -17,20 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from bench import drop_caches, run  # noqa: E402  (scripts/bench.py)
-from seaweed import SeaweedServer  # noqa: E402
+from benchlib.harness import MiB, drop_caches, median, run, seaweed, workdir
 
-from ckptfs.format import codec  # noqa: E402
-from ckptfs.pipeline.cache import LocalCache  # noqa: E402
+from ckptfs.format import codec
+from ckptfs.pipeline.cache import LocalCache
 
-MiB = 1 << 20
 CHUNK = 16 * MiB
 
 
@@ -64,7 +59,16 @@ def main() -> int:
     ap.add_argument("--reads-only", action="store_true",
                     help="only part 2 (e.g. to time the reads on a commit before the check)")
     a = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="ckptfs-verify-"))
+    with workdir("ckptfs-verify-") as work:
+        results = measure(a, work)
+    print(f"\n{a.mib} MiB, medians of {a.runs}:")
+    for name, times in results.items():
+        med = median(times)
+        print(f"{name:34s} {med:6.3f} s  {a.mib / med / 1024:5.2f} GiB/s")
+    return 0
+
+
+def measure(a: argparse.Namespace, work: Path) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {}
 
     def note(name: str, seconds: float) -> None:
@@ -86,11 +90,7 @@ def main() -> int:
     shutil.rmtree(root, ignore_errors=True)
 
     # 2. reads through a mount
-    server = SeaweedServer(work / "weed")
-    os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
-                      AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1")
-    server.start()
-    try:
+    with seaweed(work) as server:
         store = f"s3://{server.new_bucket()}/bench"
         extra = ["--endpoint-url", server.endpoint]
         mnt, cache = work / "mnt", work / "cache"
@@ -113,15 +113,7 @@ def main() -> int:
             run("mount", store, str(mnt), "--cache-dir", str(cache), *extra)
             note("read, warm, files in page cache", read_all(mnt / "model.bin"))
             run("umount", str(mnt))
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
-
-    print(f"\n{a.mib} MiB, medians of {a.runs}:")
-    for name, times in results.items():
-        med = statistics.median(times)
-        print(f"{name:34s} {med:6.3f} s  {a.mib / med / 1024:5.2f} GiB/s")
-    return 0
+    return results
 
 
 if __name__ == "__main__":

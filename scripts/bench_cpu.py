@@ -128,7 +128,7 @@ def run_target(work: Path, state: dict[str, object], store: str, extra: list[str
                ) -> dict[str, dict[str, float]]:
     """One save, upload and fetch of `state` on `store`: {phase: {wall, daemon, weed}}."""
     import torch  # (here, as bench.py, which imports it: --help stays instant)
-    from bench import drop_caches
+    from benchlib.harness import drop_caches
 
     mnt, mnt2 = work / "mnt", work / "mnt2"
     cache, cache2 = work / "cache", work / "cache2"
@@ -227,7 +227,7 @@ def main() -> int:
 
 def bench(a: argparse.Namespace, targets: list[tuple[str, str, str | None, list[str]]]
           ) -> int:
-    from bench import state_dict
+    from benchlib.harness import state_dict
     from seaweed import SeaweedServer
 
     work = Path(tempfile.mkdtemp(prefix="ckptfs-cpu-", dir=a.workdir))

@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
-TRIVIALFS = [sys.executable, str(Path(__file__).with_name("trivialfs.py"))]
+from benchlib.harness import CKPTFS, median, start_trivial, stop_trivial
 
 
 def dd(src: Path, dst: Path, settled: bool) -> float:
@@ -51,18 +49,6 @@ def ckptfs(tree: str | None, *args: str) -> None:
     working directory first on sys.path, so it runs there)."""
     subprocess.run([*CKPTFS, *args], check=True, capture_output=True, env=tree_env(tree),
                    cwd=tree)
-
-
-def start_trivial(mountpoint: Path, backing: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """Start scripts/trivialfs.py and return once it is mounted."""
-    backing.mkdir()
-    proc = subprocess.Popen([*TRIVIALFS, str(mountpoint), str(backing), *extra])
-    deadline = time.monotonic() + 10
-    while not os.path.ismount(mountpoint):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("trivialfs did not mount")
-        time.sleep(0.05)
-    return proc
 
 
 def main() -> int:
@@ -104,10 +90,8 @@ def main() -> int:
                 if name in ckptfs_targets:  # its uploads finish before the next dd (untimed)
                     ckptfs(ckptfs_targets[name], "sync", str(dirs[name]))
     finally:
-        for name in ("discard", "trivial"):
-            subprocess.run(["fusermount3", "-u", "-z", str(dirs[name])], capture_output=True)
-        for proc in servers:
-            proc.wait(10)
+        for name, proc in zip(("discard", "trivial"), servers, strict=False):
+            stop_trivial(dirs[name], proc)
         for name, tree in ckptfs_targets.items():
             if name in names:
                 subprocess.run([*CKPTFS, "umount", str(dirs[name])], capture_output=True,
@@ -116,9 +100,9 @@ def main() -> int:
     state = "in whatever state the previous left" if a.no_settle else "settled"
     print(f"dd bs=1M of {a.mib} MiB, medians of {a.runs} interleaved runs, {state}")
     for name, ts in times.items():
-        m = statistics.median(ts)
+        m = median(ts)
         print(f"{name:8s} {m:6.2f} s  {a.mib / m:7.0f} MiB/s  "
-              f"{m / statistics.median(times['local']):5.2f}x local  "
+              f"{m / median(times['local']):5.2f}x local  "
               f"(runs: {' '.join(f'{t:.2f}' for t in ts)})")
     return 0
 

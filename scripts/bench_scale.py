@@ -35,31 +35,34 @@ import collections
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-SCRIPTS = Path(__file__).resolve().parent
-TESTS = SCRIPTS.parent / "tests"
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(SCRIPTS))
-from bench import drop_caches, peak_rss, settle, state_dict  # noqa: E402
-from bench_fuse_floor import start_trivial  # noqa: E402
-from seaweed import SeaweedServer  # noqa: E402
+from benchlib import TESTS
+from benchlib.harness import (
+    CKPTFS,
+    SCRIPTS,
+    GiB,
+    MiB,
+    drop_caches,
+    lazy_unmount,
+    median,
+    peak_rss,
+    seaweed,
+    settle,
+    start_trivial,
+    state_dict,
+    stop_trivial,
+    workdir,
+)
 
-from ckptfs.daemon import control  # noqa: E402
-from ckptfs.daemon.mount import control_socket_path  # noqa: E402
-
-CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
-GiB = 2**30
-MiB = 2**20
+from ckptfs.daemon import control
+from ckptfs.daemon.mount import control_socket_path
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,11 +77,6 @@ def ckptfs(*args: str) -> str:
     if r.returncode:
         raise SystemExit(f"ckptfs {' '.join(args[:2])} failed: {r.stderr.strip()[-500:]}")
     return r.stdout
-
-
-def lazy_unmount(mnt: Path) -> None:
-    if os.path.ismount(mnt):
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
 class Node:
@@ -106,29 +104,6 @@ class Node:
         shutil.rmtree(self.cache, ignore_errors=True)
 
 
-@contextmanager
-def seaweed(work: Path) -> Iterator[SeaweedServer]:
-    server = SeaweedServer(work / "weed")
-    os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
-                      AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@contextmanager
-def workdir(where: str | None) -> Iterator[Path]:
-    work = Path(tempfile.mkdtemp(prefix="ckptfs-scale-", dir=where))
-    try:
-        yield work
-    finally:
-        for p in work.glob("*"):
-            lazy_unmount(p)
-        shutil.rmtree(work, ignore_errors=True)
-
-
 # -- processes started at the same moment ------------------------------------------------
 
 #: a worker: does its setup, says "ready", waits for "go" on stdin, runs the timed part,
@@ -146,7 +121,7 @@ LOADER = textwrap.dedent("""
 SAVER = textwrap.dedent("""
     import json, sys, time, torch
     sys.path.insert(0, sys.argv[4])
-    from bench import state_dict
+    from benchlib.harness import state_dict
     path, rank, mib = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     state = state_dict(mib / 1024)
     def perturb(x):  # each rank its own values: nothing deduplicates across ranks
@@ -167,7 +142,7 @@ SAVER = textwrap.dedent("""
 HASHED_SAVER = textwrap.dedent("""
     import json, sys, time, torch, xxhash
     sys.path.insert(0, sys.argv[3])
-    from bench import state_dict
+    from benchlib.harness import state_dict
     path, gib = sys.argv[1], float(sys.argv[2])
     state = state_dict(gib)
     class Hashed:
@@ -225,7 +200,7 @@ def wall(results: list[dict[str, Any]]) -> float:
 
 
 def med(xs: list[float]) -> float:
-    return statistics.median(xs)
+    return median(xs)
 
 
 # -- item 2: restore at scale ---------------------------------------------------------------
@@ -386,9 +361,7 @@ def ranks(a: argparse.Namespace, work: Path) -> None:
                         if node is not None:
                             lazy_unmount(node.mnt)
                         if proc is not None:
-                            subprocess.run(["fusermount3", "-u", "-z", str(mnt)],
-                                           capture_output=True)
-                            proc.wait(10)
+                            stop_trivial(mnt, proc)
                         shutil.rmtree(work / "trivial-backing", ignore_errors=True)
                         if t in ("local", "trivial"):
                             shutil.rmtree(mnt, ignore_errors=True)
@@ -553,7 +526,7 @@ def main() -> int:
             ap.error(f"--cache-size: {e}")
     if os.geteuid() != 0:
         ap.error("run as root (the page cache is dropped between runs)")
-    with workdir(a.workdir) as work:
+    with workdir("ckptfs-scale-", a.workdir) as work:
         {"restore": restore, "ranks": ranks, "big": big}[a.what](a, work)
     return 0
 
