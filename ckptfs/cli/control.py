@@ -42,16 +42,17 @@ def daemon_gone(path: str) -> str:
             f"uploads")
 
 
-def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float | None = 10.0
-            ) -> Generator[Any, None, None]:
-    """The daemon's answers to `cmd` (status, sync), one by one; CliError when it cannot
-    be reached or refuses."""
+def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float | None = 10.0,
+            **args: Any) -> Generator[Any, None, None]:
+    """The daemon's answers to `cmd` (status, sync, ...) with `args`, one by one; CliError
+    when it cannot be reached or refuses."""
     # imported here: the client imports trio (90 ms), which `--help` and the store tools
     # do not need
     from ckptfs.daemon.control import request as control_request
 
     try:
-        for answer in control_request(sock or control_socket(mountpoint), cmd, timeout):
+        for answer in control_request(sock or control_socket(mountpoint), cmd, timeout,
+                                      **args):
             if set(answer) == {"error"}:  # e.g. "permission denied": not the mount's owner
                 raise CliError(f"the ckptfs daemon of {mountpoint}: {answer['error']}")
             yield answer

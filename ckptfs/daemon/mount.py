@@ -66,6 +66,7 @@ from ckptfs.pipeline.journal import Journal
 from ckptfs.pipeline.publisher import Publisher
 from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.pipeline.uploader import Uploader
+from ckptfs.pipeline.warmup import Warmer, WarmupProgress
 from ckptfs.store import LocalStore, open_store
 from ckptfs.store.base import AsyncStore, Store
 from ckptfs.store.timed import TimedStore
@@ -345,6 +346,7 @@ class Parts:
     autoprune: AutoPruner | None
     metrics: MetricsServer | None  # with --metrics-addr
     fuse_requests: LatencyTable | None  # with --metrics-addr: FUSE requests timed
+    warmer: Warmer  # `ckptfs warmup` jobs
 
 
 class Daemon:
@@ -407,10 +409,11 @@ class Daemon:
         if damage is not None:  # checked against the store once the nursery runs
             fs.journal_check = JournalCheck(store, p.journal, journal_limiter, p.cache,
                                             uploader, publisher, cfg.node_id, damage)
+        warmer = Warmer(fetcher, p.cache)
         control = ControlServer(fs.opt.control_socket,
                                 functools.partial(self.status, fs, autoprune),
                                 fs.sync_target, fs.reached, uploader.wait_changed,
-                                self.latest)
+                                self.latest, functools.partial(self.warmup, warmer))
         metrics = None
         if cfg.metrics_addr is not None and store_requests is not None and fuse_requests:
             from ckptfs.daemon.metrics import MetricsServer
@@ -418,7 +421,7 @@ class Daemon:
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
                                     __version__, p.store.url)
         return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
-                     fuse_requests)
+                     fuse_requests, warmer)
 
     async def main(self) -> int:
         parts = self.build()
@@ -433,7 +436,7 @@ class Daemon:
         unmounted = trio.Event()
         async with trio.open_nursery() as nursery:
             for service in (parts.uploader.run, parts.fetcher.run, parts.publisher.run,
-                            parts.control.serve):
+                            parts.warmer.run, parts.control.serve):
                 await nursery.start(service)
             if fs.journal_check is not None:
                 await nursery.start(fs.journal_check.run)
@@ -519,6 +522,17 @@ class Daemon:
         return await trio.to_thread.run_sync(
             functools.partial(inspection.latest, self.p.store, dir_path.strip("/"), pattern,
                               damaged=damaged))
+
+    async def warmup(self, warmer: Warmer, path: str) -> WarmupProgress:
+        """Start `ckptfs warmup` of the file or directory `path` (from the filesystem
+        root): its manifests read from the store (a damaged one is skipped, with a log
+        line), its chunks fetched by `warmer`. NoEntry if the store has no such path."""
+        path = path.strip("/")
+        tree = await trio.to_thread.run_sync(inspection.read_tree, self.p.store, path)
+        for name, _, why in tree:
+            if why is not None:
+                log.warning("warmup: skipped, DAMAGED %s: %s", name, why)
+        return warmer.start(path, [m.chunks for _, m, _ in tree if m is not None])
 
     def close(self) -> None:
         if self.metrics is not None:
