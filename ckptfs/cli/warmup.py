@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ckptfs.cli.control import request
-from ckptfs.cli.errors import CliError
+from ckptfs.cli.errors import CliError, UsageError
 from ckptfs.cli.options import PATTERN_HELP, add_command
 from ckptfs.cli.output import ProgressDisplay, human
 from ckptfs.cli.target import mounted_path
@@ -36,16 +36,19 @@ EPILOG = (
 
 
 def cmd_warmup(a: argparse.Namespace) -> int:
+    if a.pattern is not None and not a.latest:
+        raise UsageError("--pattern chooses among checkpoint directories: it needs --latest")
     mounted = mounted_path(a.path)
     if mounted is None:
         raise CliError(f"not in a ckptfs mount: {a.path}")
     mountpoint, inside = mounted
     shown = a.path
     if a.latest:
-        check_glob(a.pattern, "--pattern")
-        found = latest_checkpoint(mountpoint, inside, a.pattern, a.path)
+        pattern = a.pattern or "*"
+        check_glob(pattern, "--pattern")
+        found = latest_checkpoint(mountpoint, inside, pattern, a.path)
         if found is None:
-            raise CliError(f"no complete checkpoint directory matching {a.pattern!r} in "
+            raise CliError(f"no complete checkpoint directory matching {pattern!r} in "
                            f"{a.path}")
         inside, shown = found, os.path.join(mountpoint, found)
     elif not os.path.lexists(a.path):
@@ -105,6 +108,6 @@ def add_warmup_parser(sub: Any) -> None:
     w.add_argument("--latest", action="store_true", help="warm the newest complete "
                    "checkpoint directory directly under PATH whose name matches --pattern, "
                    "found as `ckptfs latest` finds it")
-    w.add_argument("--pattern", default="*", help=PATTERN_HELP + "; with --latest")
+    w.add_argument("--pattern", help=PATTERN_HELP + "; with --latest only")
     w.add_argument("--no-wait", action="store_true", help="return once the daemon has "
                    "started the warm-up; it goes on in the background")

@@ -95,3 +95,6 @@ def test_warmup_errors_are_one_line(tmp_path: Path, nodes: Nodes) -> None:
              f"ckptfs: no complete checkpoint directory matching 'step-*' in {a.path}/run\n")]:
         r = run_cli("warmup", *args, check=False)
         assert (r.returncode, r.stdout, r.stderr) == (1, "", message)
+    r = run_cli("warmup", str(a / "run"), "--pattern", "step-*", check=False)
+    assert (r.returncode, r.stderr) == (2, "ckptfs: --pattern chooses among checkpoint "
+                                           "directories: it needs --latest\n")
