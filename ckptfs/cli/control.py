@@ -44,8 +44,8 @@ def daemon_gone(path: str) -> str:
 
 def request(mountpoint: str, cmd: str, sock: str | None = None, timeout: float | None = 10.0,
             **args: Any) -> Generator[Any, None, None]:
-    """The daemon's answers to `cmd` (status, sync), one by one; CliError when it cannot
-    be reached or refuses."""
+    """The daemon's answers to `cmd` (status, sync, ...) with `args`, one by one; CliError
+    when it cannot be reached or refuses."""
     # imported here: the client imports trio (90 ms), which `--help` and the store tools
     # do not need
     from ckptfs.daemon.control import request as control_request

@@ -22,6 +22,7 @@ from ckptfs.cli.status import add_status_parsers
 from ckptfs.cli.trash import add_trash_parser
 from ckptfs.cli.umount import add_umount_parser
 from ckptfs.cli.upgrade import add_upgrade_parser
+from ckptfs.cli.warmup import add_warmup_parser
 from ckptfs.common.errors import CkptfsError
 from ckptfs.common.redact import redact
 
@@ -50,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (add_mount_parser, add_umount_parser, add_status_parsers,
                 add_inspection_parsers, add_gc_parser, add_du_parser, add_prune_parser,
-                add_trash_parser, add_upgrade_parser, add_drain_parser):
+                add_trash_parser, add_upgrade_parser, add_drain_parser, add_warmup_parser):
         add(sub)
     p.set_defaults(commands=frozenset(sub.choices))
     return p

@@ -1,5 +1,5 @@
-"""The control socket (<cache>/ctl.sock, mode 0600): status, sync and latest for the CLI
-and the Python API.
+"""The control socket (<cache>/ctl.sock, mode 0600): status, sync, latest and warmup for
+the CLI and the Python API.
 
 Protocol: the client sends one JSON line {"cmd": "status"}, {"cmd": "sync"} or {"cmd":
 "latest", "dir": DIR, "pattern": PATTERN}; the server answers JSON lines. `status`
@@ -8,7 +8,11 @@ before the request is in the store (later saves do not delay it), then {"done": 
 ...}; with "fast": true, until it is in the fast tier (--fast-tier). `latest` answers
 {"latest": PATH or null}: the newest complete checkpoint directory under DIR (both
 relative to the filesystem root), as `ckptfs latest` finds it in the store; or {"error":
-...}.
+...}. `warmup` ({"cmd": "warmup", "target": PATH, "wait": BOOL}) starts fetching the
+chunks of the file or directory PATH into this node's cache (warmup.py), in a job that
+outlives the request; it answers {"started": PROGRESS} at once without "wait", else
+{"progress": PROGRESS} every half second and {"done": true, "warmup": PROGRESS} once the
+job has ended; or {"error": ...} (no such path in the store).
 Only the mount's owner (or root) may connect (checked with SO_PEERCRED).
 """
 
@@ -27,6 +31,7 @@ import trio
 
 from ckptfs.common.redact import redact
 from ckptfs.daemon.client import request as request  # the client, re-exported
+from ckptfs.pipeline.warmup import WarmupProgress
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +45,8 @@ class ControlServer:
                  sync_target: Callable[[], Any], reached: Callable[[Any], bool],
                  changed: Callable[[], Any],
                  latest: Callable[[str, str], Awaitable[str | None]],
-                 reached_fast: Callable[[Any], bool] | None = None) -> None:
+                 reached_fast: Callable[[Any], bool] | None = None,
+                 warmup: Callable[[str], Awaitable[WarmupProgress]] | None = None) -> None:
         self.path = path
         self.status = status
         self.sync_target = sync_target  # what is journaled now
@@ -49,6 +55,7 @@ class ControlServer:
         self.latest = latest  # async (dir, pattern): the newest complete checkpoint, or None
         #: is that target in the fast tier (--fast-tier; else: reached)
         self.reached_fast = reached_fast or reached
+        self.warmup = warmup  # async (path): a warm-up job started
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with contextlib.suppress(FileNotFoundError):  # a socket a killed daemon left
@@ -102,6 +109,8 @@ class ControlServer:
                     await self._send(stream, {"done": True, "status": self.status()})
                 elif cmd == "latest":
                     await self._send(stream, await self._latest(req))
+                elif cmd == "warmup" and self.warmup is not None:
+                    await self._warmup(stream, req)
                 else:
                     await self._send(stream, {"error": f"unknown command {cmd!r}"})
             except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as e:
@@ -116,6 +125,26 @@ class ControlServer:
         except Exception as e:  # the store's error, a bad pattern: the client's to report
             log.warning("latest %r %r: %s", where, pattern, e)
             return {"error": redact(" ".join(str(e).split())) or type(e).__name__}
+
+    async def _warmup(self, stream: trio.SocketStream, req: dict[str, Any]) -> None:
+        path = req.get("target", "")
+        if not isinstance(path, str) or self.warmup is None:
+            await self._send(stream, {"error": "warmup: 'target' must be a string"})
+            return
+        try:
+            job = await self.warmup(path)
+        except Exception as e:  # the store's error, no such path: the client's to report
+            log.warning("warmup %r: %s", path, e)
+            await self._send(stream, {"error": redact(" ".join(str(e).split()))
+                                      or type(e).__name__})
+            return
+        if not req.get("wait"):
+            await self._send(stream, {"started": job.answer()})
+            return
+        while job.state == "running":
+            await self._send(stream, {"progress": job.answer()})
+            await trio.sleep(PROGRESS_INTERVAL)
+        await self._send(stream, {"done": True, "warmup": job.answer()})
 
     @staticmethod
     async def _read_line(stream: trio.SocketStream) -> bytes:

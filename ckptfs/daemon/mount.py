@@ -68,6 +68,7 @@ from ckptfs.pipeline.journal import Journal
 from ckptfs.pipeline.publisher import Publisher
 from ckptfs.pipeline.recovery import JournalCheck
 from ckptfs.pipeline.uploader import Uploader
+from ckptfs.pipeline.warmup import Warmer, WarmupProgress
 from ckptfs.store import LocalStore, open_store
 from ckptfs.store.base import AsyncStore, Store
 from ckptfs.store.tiered import TieredStore
@@ -351,6 +352,7 @@ class Parts:
     autoprune: AutoPruner | None
     metrics: MetricsServer | None  # with --metrics-addr
     fuse_requests: LatencyTable | None  # with --metrics-addr: FUSE requests timed
+    warmer: Warmer  # `ckptfs warmup` jobs
     mover: fasttier.Mover | None = None  # with --fast-tier
 
 
@@ -442,10 +444,12 @@ class Daemon:
 
             def reached_fast(target: tuple[tuple[int, frozenset[str]], int]) -> bool:
                 return fs.reached(target[0])
+        warmer = Warmer(fetcher, p.cache)
         control = ControlServer(fs.opt.control_socket,
                                 functools.partial(self.status, fs, autoprune),
                                 sync_target, reached, uploader.wait_changed,
-                                self.latest, reached_fast=reached_fast)
+                                self.latest, reached_fast=reached_fast,
+                                warmup=functools.partial(self.warmup, warmer))
         metrics = None
         if cfg.metrics_addr is not None and store_requests is not None and fuse_requests:
             from ckptfs.daemon.metrics import MetricsServer
@@ -453,7 +457,7 @@ class Daemon:
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
                                     __version__, p.store.url)
         return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
-                     fuse_requests, mover)
+                     fuse_requests, warmer, mover)
 
     def fast_mover(self, fast: Store, slow: Store, uploader: Uploader,
                    publisher: Publisher) -> fasttier.Mover:
@@ -486,7 +490,7 @@ class Daemon:
             if parts.mover is not None:  # its lease taken before the first record
                 await nursery.start(parts.mover.run)
             for service in (parts.uploader.run, parts.fetcher.run, parts.publisher.run,
-                            parts.control.serve):
+                            parts.warmer.run, parts.control.serve):
                 await nursery.start(service)
             if fs.journal_check is not None:
                 await nursery.start(fs.journal_check.run)
@@ -582,6 +586,17 @@ class Daemon:
         return await trio.to_thread.run_sync(
             functools.partial(inspection.latest, self.view, dir_path.strip("/"), pattern,
                               damaged=damaged))
+
+    async def warmup(self, warmer: Warmer, path: str) -> WarmupProgress:
+        """Start `ckptfs warmup` of the file or directory `path` (from the filesystem
+        root): its manifests read from the store (a damaged one is skipped, with a log
+        line), its chunks fetched by `warmer`. NoEntry if the store has no such path."""
+        path = path.strip("/")
+        tree = await trio.to_thread.run_sync(inspection.read_tree, self.view, path)
+        for name, _, why in tree:
+            if why is not None:
+                log.warning("warmup: skipped, DAMAGED %s: %s", name, why)
+        return warmer.start(path, [m.chunks for _, m, _ in tree if m is not None])
 
     def close(self) -> None:
         if self.metrics is not None:

@@ -75,6 +75,12 @@ class Fetcher:
                 return data
             await self._fetch(chunk_hash)
 
+    async def fetch(self, chunk_hash: str) -> None:
+        """Make a chunk locally readable without reading it (`ckptfs warmup`): fetched
+        and verified like any read's, single-flight; at once if this node holds it."""
+        if not self.cache.has(chunk_hash):
+            await self._fetch(chunk_hash)
+
     def prefetch_nowait(self, chunk_hashes: list[str]) -> None:
         """Start fetching chunks that are not local (bounded by the fetch limiter)."""
         if self._nursery is None:

@@ -373,6 +373,22 @@ class ChunkChecker:
 
 
 # ---------------------------------------------------------------------------- walks
+def read_tree(store: Store, path: str = "") -> list[tuple[str, Manifest | None, str | None]]:
+    """(path, manifest, None) or (path, None, why it is damaged) of every file under
+    directory `path` (recursively), or of the one file `path` names, sorted by path; no
+    chunk is looked at. NoEntry if the store has neither a file nor a directory there."""
+    path = manifests.check_path(path.strip("/"))
+    if path:
+        one = _read_manifest(store, manifests.file_key(path))
+        if one is not None:
+            return [one]
+    prefix = manifests.dir_prefix(path)
+    keys = [k for k, _ in store.list(prefix, delimiter=None).objects]
+    if path and not keys:
+        raise NoEntry(f"no such file or directory in the store: {path}")
+    return _read_manifests(store, (k for k in keys if not k.endswith("/")))
+
+
 def list_files(store: Store, path: str = "", deep: bool = False,
                checker: ChunkChecker | None = None) -> list[FileReport]:
     """Every file under directory `path` (recursively), or the one file `path` names.
@@ -381,19 +397,8 @@ def list_files(store: Store, path: str = "", deep: bool = False,
     has neither a file nor a directory at `path`. `checker` may be shared between calls
     to reuse what it has learned.
     """
-    path = manifests.check_path(path.strip("/"))
     checker = checker or ChunkChecker(store, deep)
-    found: list[tuple[str, Manifest | None, str | None]] = []
-    if path:
-        one = _read_manifest(store, manifests.file_key(path))
-        if one is not None:
-            found = [one]
-    if not found:
-        prefix = manifests.dir_prefix(path)
-        keys = [k for k, _ in store.list(prefix, delimiter=None).objects]
-        if path and not keys:
-            raise NoEntry(f"no such file or directory in the store: {path}")
-        found = _read_manifests(store, (k for k in keys if not k.endswith("/")))
+    found = read_tree(store, path)
     checker.check(h for _, m, _ in found if m is not None for h, _ in m.chunks)
     return [checker.report(p, m, err) for p, m, err in found]
 
