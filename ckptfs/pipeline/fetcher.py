@@ -170,7 +170,7 @@ class Fetcher:
         """GET the object `key`, verify it as chunk `chunk_hash`, make it readable."""
         path = self.store.local_path(key)
         before = in_place_identity(path)
-        blob = self.store.get(key, codec.MAX_OBJECT_SIZE)
+        blob = self.store.get_buffer(key, codec.MAX_OBJECT_SIZE)
         try:
             if self.cache.memory_limit and not (path is not None and codec.is_raw(blob)):
                 # served from memory: decoded into a reused buffer (a raw chunk: the GET's)
