@@ -220,6 +220,7 @@ class S3Store(PrefixedStore):
         self._chunk_client: Any = None
         #: why chunk requests go through boto3 instead ("" until the first is known)
         self.chunks_through_boto3: str | None = ""
+        self._chunk_pid = os.getpid()  # the process that decided it
 
     def _chunk_store(self, key: str) -> Any:
         """obstore's client for a chunk request on `key`, or None: the request then goes
@@ -227,6 +228,10 @@ class S3Store(PrefixedStore):
         s3chunks.unusable, said once in the log)."""
         if not s3chunks.PLAIN_KEY.fullmatch(self._key(key)):
             return None
+        if self._chunk_pid != os.getpid():  # a forked child: obstore is not for it
+            self._chunk_lock = threading.Lock()
+            self._chunk_pid, self._chunk_client = os.getpid(), None
+            self.chunks_through_boto3 = ""
         if self.chunks_through_boto3 == "":
             with self._chunk_lock:
                 if self.chunks_through_boto3 == "":

@@ -36,6 +36,10 @@ CREDENTIAL_TTL = timedelta(seconds=60)
 #: the most a whole chunk request may take (object_store's default is 30 s): a bound
 #: for a stalled transfer; a slow one is bounded by the read timeout between bytes
 REQUEST_TIMEOUT = timedelta(minutes=10)
+#: the process that made an obstore client: a child forked from it cannot use obstore
+#: (the threads of its runtime are not in the child, and a request would wait forever),
+#: so chunk requests there go through boto3
+_started_in: int | None = None
 _STATUS = re.compile(r"\b(?:status(?: code)?:?\s*)([1-5]\d\d)\b", re.IGNORECASE)
 _CODE = re.compile(r"<Code>(\w+)</Code>")
 
@@ -43,8 +47,10 @@ _CODE = re.compile(r"<Code>(\w+)</Code>")
 def unusable(client: Any, endpoint_url: str | None, session: Any) -> str | None:
     """Why chunk requests cannot go through obstore with the same settings as the boto3
     `client` (None: they can): a proxy, an endpoint variant obstore does not build
-    (accelerate, dual-stack, FIPS), or no credentials (boto3's request says what is
-    missing)."""
+    (accelerate, dual-stack, FIPS), no credentials (boto3's request says what is
+    missing), or a process forked after obstore was started in its parent."""
+    if _started_in not in (None, os.getpid()):
+        return "obstore's runtime was started before this process was forked"
     config = client.meta.config
     s3 = config.s3 or {}
     if any(os.environ.get(v) for v in PROXY_VARS) or config.proxies:
@@ -82,6 +88,8 @@ def open_chunk_store(client: Any, session: Any, bucket: str, endpoint_url: str |
     request, the payload signed where `signs_payload`."""
     from obstore.store import S3Store
 
+    global _started_in
+    _started_in = os.getpid()
     options: ClientConfig = {
         "connect_timeout": timedelta(seconds=connect_timeout),
         "read_timeout": timedelta(seconds=read_timeout),

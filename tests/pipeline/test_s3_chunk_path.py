@@ -6,6 +6,8 @@ chunk whose bytes do not match its name."""
 from __future__ import annotations
 
 import http.server
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -160,6 +162,27 @@ def test_chunk_requests_map_every_answer_to_the_error_class_boto3_gives(
             store.get_buffer("chunks/ab/c2")
         assert type(caught.value) is error, answer
         assert "chunks/ab/c2" in str(caught.value)
+
+
+def test_a_forked_child_sends_its_chunk_requests_through_boto3(s3: FakeS3) -> None:
+    """obstore's runtime does not survive a fork (a child's request would wait forever):
+    a child forked after the parent's chunk requests sends its own through boto3."""
+    store = S3Store(BUCKET, "", s3.endpoint, read_timeout=5)
+    data = random_bytes(1000)
+    store.put_parts("chunks/ab/c1", [data])
+    assert store.chunks_through_boto3 is None
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 if it read the chunk, 1 if not; killed if stuck
+        code = 1
+        try:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # killed, even inside Rust
+            signal.alarm(10)
+            code = 0 if bytes(store.get_buffer("chunks/ab/c1")) == data else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert "Boto3" in s3.agents[-1]
 
 
 def test_fetcher_never_returns_a_chunk_whose_bytes_do_not_match_its_name(
