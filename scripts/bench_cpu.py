@@ -31,9 +31,11 @@ before/after in one invocation) and carry mount options after a colon, as in ben
 run includes py-spy's sampling and is left out of the medians.
 
 --gil samples the daemon with `py-spy record --gil --rate 100` over each phase of
-every run and adds the seconds it held the GIL per GiB (samples / rate / GiB):
-the time in which no other thread of it (the FUSE loop) could run Python. py-spy pauses
-the daemon for each sample, so with --gil the CPU and wall times include its sampling.
+every run and adds the seconds it held the GIL per GiB (samples / rate / GiB): the time
+in which no other thread of it (the FUSE loop) could run Python; in parentheses, the
+part held by threads other than the main one (the data path: the fetch and upload
+threads). py-spy pauses the daemon for each sample, so with --gil the CPU and wall
+times include its sampling.
 --flamegraphs DIR adds a first run, left out of the medians, whose phases py-spy records
 the same way as flame graphs of the GIL holders, DIR/gil-<target>-<phase>.svg; with
 --gil, DIR also keeps the last run's samples (DIR/gil-<target>-<phase>.txt, raw form).
@@ -137,19 +139,25 @@ class Profiler:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # attached
 
-    def stop(self) -> float:
-        """Stop sampling; the seconds of samples recorded (raw form; else 0)."""
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; the seconds of samples recorded (raw form; else 0), all of
+        them ("gil") and those of threads other than the main one ("gil-threads": the
+        data path's, beside the FUSE loop)."""
         if self.proc is None:
-            return 0.0
+            return {"gil": 0.0, "gil-threads": 0.0}
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(30)
         if self.path.suffix != ".txt":
-            return 0.0
+            return {"gil": 0.0, "gil-threads": 0.0}
         try:
             lines = self.path.read_text().splitlines()
         except OSError as e:
             raise BenchError(f"py-spy wrote no {self.path.name}: {e.strerror}") from None
-        return sum(int(line.rpartition(" ")[2]) for line in lines if line.strip()) / RATE
+        samples = [(stack, int(n)) for stack, _, n in (line.rpartition(" ") for line in lines)
+                   if stack]
+        return {"gil": sum(n for _, n in samples) / RATE,
+                "gil-threads": sum(n for stack, n in samples
+                                   if stack.startswith("Thread._bootstrap")) / RATE}
 
 
 def run_target(work: Path, state: dict[str, object], store: str, extra: list[str],
@@ -177,12 +185,12 @@ def run_target(work: Path, state: dict[str, object], store: str, extra: list[str
         (mnt / "step-1").mkdir()
         torch.save(state, mnt / "step-1" / "ckpt.pt")
         out["save"] = meter.take()
-        out["save"]["gil"] = spy.stop()
+        out["save"].update(spy.stop())
         spy = Profiler(profile, f"{name}-upload", pid, gil)
         meter.mark()
         ckptfs("sync", str(mnt), tree=tree)
         out["upload"] = meter.take()
-        out["upload"]["gil"] = spy.stop()
+        out["upload"].update(spy.stop())
         size = (mnt / "step-1" / "ckpt.pt").stat().st_size
     finally:
         ckptfs("umount", str(mnt), tree=tree)
@@ -194,7 +202,7 @@ def run_target(work: Path, state: dict[str, object], store: str, extra: list[str
         meter = Meter(pid, weed)
         torch.load(mnt2 / "step-1" / "ckpt.pt")
         out["fetch"] = meter.take()
-        out["fetch"]["gil"] = spy.stop()
+        out["fetch"].update(spy.stop())
         shutil.rmtree(mnt2 / "step-1")
     finally:
         ckptfs("umount", str(mnt2), tree=tree)
@@ -202,7 +210,7 @@ def run_target(work: Path, state: dict[str, object], store: str, extra: list[str
         shutil.rmtree(p, ignore_errors=True)
     gib = size / 2**30
     for phase in out.values():
-        for key in ("daemon", "weed", "gil"):
+        for key in ("daemon", "weed", "gil", "gil-threads"):
             phase[key] /= gib
     return out
 
@@ -302,7 +310,8 @@ def bench(a: argparse.Namespace, targets: list[tuple[str, str, str | None, list[
                     results[label].append(r)
                 print(f"run {i + 1}{' (profiled)' if profiled else ''} {label}: " + "  ".join(
                     f"{p} {r[p]['wall']:.2f}s ckptfs {r[p]['daemon']:.2f}"
-                    + (f" gil {r[p]['gil']:.2f}" if a.gil and not profiled else "")
+                    + (f" gil {r[p]['gil']:.2f} ({r[p]['gil-threads']:.2f})"
+                       if a.gil and not profiled else "")
                     + f" weed {r[p]['weed']:.2f}" for p in PHASES), flush=True)
     finally:
         server.stop()
@@ -333,13 +342,15 @@ def report(a: argparse.Namespace, targets: list[tuple[str, str, str | None, list
         print(f"{label:{width}s}{row}  {total(label, 'daemon', ('save', 'upload')):18.2f} "
               f"{total(label, 'weed', ('save', 'upload')):6.2f}")
     if a.gil:
-        print(f"\nseconds the daemon held the GIL per GiB (py-spy --gil, {RATE} Hz), medians")
-        print(f"{'target':{width}s}" + "".join(f"  {p:>7s}" for p in PHASES)
-              + f"  {'save+upload':>11s}")
+        print(f"\nseconds the daemon held the GIL per GiB (py-spy --gil, {RATE} Hz), "
+              f"medians; in (): its threads other than the main one (the FUSE loop's)")
+        print(f"{'target':{width}s}" + "".join(f"  {p:>13s}" for p in PHASES)
+              + f"  {'save+upload':>13s}")
         for label, *_ in targets:
-            print(f"{label:{width}s}" + "".join(f"  {med(label, p, 'gil'):7.2f}"
-                                                for p in PHASES)
-                  + f"  {total(label, 'gil', ('save', 'upload')):11.2f}")
+            print(f"{label:{width}s}" + "".join(
+                f"  {med(label, p, 'gil'):6.2f} ({med(label, p, 'gil-threads'):4.2f})"
+                for p in PHASES) + f"  {total(label, 'gil', ('save', 'upload')):6.2f} "
+                f"({total(label, 'gil-threads', ('save', 'upload')):4.2f})")
 
 
 if __name__ == "__main__":
