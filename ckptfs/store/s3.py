@@ -431,7 +431,8 @@ class S3Store(PrefixedStore):
 
     def head(self, key: str) -> int | None:
         """HeadObject; through obstore where _chunk_store() allows (the uploader's HEAD
-        before each chunk PUT), else boto3."""
+        before each chunk PUT among them: a HEAD answers a size or a status, the same
+        through either client), else boto3."""
         chunks = self._chunk_store(key)
         if chunks is not None:
             try:

@@ -47,8 +47,9 @@ _CODE = re.compile(r"<Code>(\w+)</Code>")
 def unusable(client: Any, endpoint_url: str | None, session: Any) -> str | None:
     """Why chunk requests cannot go through obstore with the same settings as the boto3
     `client` (None: they can): a proxy, an endpoint variant obstore does not build
-    (accelerate, dual-stack, FIPS), no credentials (boto3's request says what is
-    missing), or a process forked after obstore was started in its parent."""
+    (accelerate, dual-stack, FIPS), no credentials or, on AWS, no region (boto3's
+    request says what is missing), or a process forked after obstore was started in
+    its parent."""
     if _started_in not in (None, os.getpid()):
         return "obstore's runtime was started before this process was forked"
     config = client.meta.config
