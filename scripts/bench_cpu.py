@@ -29,6 +29,16 @@ before/after in one invocation) and carry mount options after a colon, as in ben
 --profile DIR records each phase of the first run of every target with py-spy
 (`--format raw`, with --threads) into DIR/<target>-<phase>.txt; the CPU of a profiled
 run includes py-spy's sampling and is left out of the medians.
+
+--gil samples the daemon with `py-spy record --gil --rate 100` over each phase of
+every run and adds the seconds it held the GIL per GiB (samples / rate / GiB): the time
+in which no other thread of it (the FUSE loop) could run Python; in parentheses, the
+part held by threads other than the main one (the data path: the fetch and upload
+threads). py-spy pauses the daemon for each sample, so with --gil the CPU and wall
+times include its sampling.
+--flamegraphs DIR adds a first run, left out of the medians, whose phases py-spy records
+the same way as flame graphs of the GIL holders, DIR/gil-<target>-<phase>.svg; with
+--gil, DIR also keeps the last run's samples (DIR/gil-<target>-<phase>.txt, raw form).
 """
 
 from __future__ import annotations
@@ -103,30 +113,58 @@ class Meter:
         return {"wall": wall, "daemon": daemon, "weed": weed}
 
 
-class Profiler:
-    """py-spy on one pid until stop() (or a no-op without a directory)."""
+#: py-spy's samples per second (--gil counts samples at this rate)
+RATE = 100
 
-    def __init__(self, out: Path | None, name: str, pid: int) -> None:
+
+class Profiler:
+    """py-spy on one pid until stop() (or a no-op without a directory): its threads'
+    stacks (`--profile`), or only the GIL holder's (`gil`, in raw or flamegraph form)."""
+
+    def __init__(self, out: Path | None, name: str, pid: int, gil: str | None = None
+                 ) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         if out is None:
             return
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if gil is None:
+            how = ["--threads", "--format", "raw"]
+            self.path = out / f"{name}.txt"
+        else:
+            how = ["--gil", "--format", gil]
+            self.path = out / f"gil-{name}.{'svg' if gil == 'flamegraph' else 'txt'}"
         self.proc = subprocess.Popen(
-            [spy, "record", "--pid", str(pid), "--threads", "--rate", "100", "--format",
-             "raw", "-o", str(out / f"{name}.txt")],
+            [spy, "record", "--pid", str(pid), "--rate", str(RATE), *how,
+             "-o", str(self.path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # attached
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGINT)
-            self.proc.wait(30)
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; the seconds of samples recorded (raw form; else 0), all of
+        them ("gil") and those of threads other than the main one ("gil-threads": the
+        data path's, beside the FUSE loop)."""
+        if self.proc is None:
+            return {"gil": 0.0, "gil-threads": 0.0}
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(30)
+        if self.path.suffix != ".txt":
+            return {"gil": 0.0, "gil-threads": 0.0}
+        try:
+            lines = self.path.read_text().splitlines()
+        except OSError as e:
+            raise BenchError(f"py-spy wrote no {self.path.name}: {e.strerror}") from None
+        samples = [(stack, int(n)) for stack, _, n in (line.rpartition(" ") for line in lines)
+                   if stack]
+        return {"gil": sum(n for _, n in samples) / RATE,
+                "gil-threads": sum(n for stack, n in samples
+                                   if stack.startswith("Thread._bootstrap")) / RATE}
 
 
 def run_target(work: Path, state: dict[str, object], store: str, extra: list[str],
-               weed: int | None, tree: str | None, profile: Path | None, name: str
-               ) -> dict[str, dict[str, float]]:
-    """One save, upload and fetch of `state` on `store`: {phase: {wall, daemon, weed}}."""
+               weed: int | None, tree: str | None, profile: Path | None, name: str,
+               gil: str | None = None) -> dict[str, dict[str, float]]:
+    """One save, upload and fetch of `state` on `store`: {phase: {wall, daemon, weed,
+    gil}}, py-spy recording into `profile` as Profiler's `gil` says (gil 0 unless raw)."""
     import torch  # (here, as bench.py, which imports it: --help stays instant)
     from benchlib.harness import drop_caches
 
@@ -142,17 +180,17 @@ def run_target(work: Path, state: dict[str, object], store: str, extra: list[str
     ckptfs("mount", store, str(mnt), "--cache-dir", str(cache), *extra, tree=tree)
     try:
         pid = daemon_pid(mnt, tree)
-        spy = Profiler(profile, f"{name}-save", pid)
+        spy = Profiler(profile, f"{name}-save", pid, gil)
         meter = Meter(pid, weed)
         (mnt / "step-1").mkdir()
         torch.save(state, mnt / "step-1" / "ckpt.pt")
         out["save"] = meter.take()
-        spy.stop()
-        spy = Profiler(profile, f"{name}-upload", pid)
+        out["save"].update(spy.stop())
+        spy = Profiler(profile, f"{name}-upload", pid, gil)
         meter.mark()
         ckptfs("sync", str(mnt), tree=tree)
         out["upload"] = meter.take()
-        spy.stop()
+        out["upload"].update(spy.stop())
         size = (mnt / "step-1" / "ckpt.pt").stat().st_size
     finally:
         ckptfs("umount", str(mnt), tree=tree)
@@ -160,11 +198,11 @@ def run_target(work: Path, state: dict[str, object], store: str, extra: list[str
     ckptfs("mount", store, str(mnt2), "--cache-dir", str(cache2), *extra, tree=tree)
     try:
         pid = daemon_pid(mnt2, tree)
-        spy = Profiler(profile, f"{name}-fetch", pid)
+        spy = Profiler(profile, f"{name}-fetch", pid, gil)
         meter = Meter(pid, weed)
         torch.load(mnt2 / "step-1" / "ckpt.pt")
         out["fetch"] = meter.take()
-        spy.stop()
+        out["fetch"].update(spy.stop())
         shutil.rmtree(mnt2 / "step-1")
     finally:
         ckptfs("umount", str(mnt2), tree=tree)
@@ -172,8 +210,8 @@ def run_target(work: Path, state: dict[str, object], store: str, extra: list[str
         shutil.rmtree(p, ignore_errors=True)
     gib = size / 2**30
     for phase in out.values():
-        phase["daemon"] /= gib
-        phase["weed"] /= gib
+        for key in ("daemon", "weed", "gil", "gil-threads"):
+            phase[key] /= gib
     return out
 
 
@@ -206,6 +244,10 @@ def main() -> int:
                                                     "(default: /tmp)")
     ap.add_argument("--profile", type=Path, metavar="DIR",
                     help="py-spy raw profiles of each phase of the first run, into DIR")
+    ap.add_argument("--gil", action="store_true",
+                    help="also the seconds per GiB the daemon holds the GIL (py-spy --gil)")
+    ap.add_argument("--flamegraphs", type=Path, metavar="DIR",
+                    help="a first run recording flame graphs of the GIL holders into DIR")
     a = ap.parse_args()
     if a.runs < 1 or a.gib <= 0:
         ap.error("--runs must be at least 1 and --gib above 0")
@@ -213,8 +255,11 @@ def main() -> int:
         targets = parse_targets(a.targets)
     except BenchError as e:
         ap.error(str(e))
-    if a.profile is not None:
-        a.profile.mkdir(parents=True, exist_ok=True)
+    if a.profile is not None and a.flamegraphs is not None:
+        ap.error("--profile and --flamegraphs each add a first run: give one of them")
+    for d in (a.profile, a.flamegraphs):
+        if d is not None:
+            d.mkdir(parents=True, exist_ok=True)
     try:
         return bench(a, targets)
     except BenchError as e:
@@ -241,8 +286,13 @@ def bench(a: argparse.Namespace, targets: list[tuple[str, str, str | None, list[
         assert server.proc is not None
         weed = server.proc.pid
         bucket = server.new_bucket()
-        for i in range(a.runs + (a.profile is not None)):
-            profile = a.profile if a.profile is not None and i == 0 else None
+        first = a.profile or a.flamegraphs
+        for i in range(a.runs + (first is not None)):
+            profile, gil = (first, "flamegraph" if a.flamegraphs else None) if (
+                first is not None and i == 0) else (
+                (a.flamegraphs or work / "gil") if a.gil else None, "raw")
+            if profile is not None:
+                profile.mkdir(exist_ok=True)
             for n, (label, kind, tree, extra) in enumerate(targets):
                 if kind == "ck-s3":
                     store = f"s3://{bucket}/run{i}-{n}"
@@ -252,14 +302,17 @@ def bench(a: argparse.Namespace, targets: list[tuple[str, str, str | None, list[
                     shutil.rmtree(store, ignore_errors=True)
                     os.mkdir(store)
                 name = label.replace("/", "_").replace(":", "_").replace("@", "_")
-                r = run_target(work, state, store, extra, weed, tree, profile, name)
+                r = run_target(work, state, store, extra, weed, tree, profile, name, gil)
                 if kind == "ck-dir":
                     shutil.rmtree(store, ignore_errors=True)
-                if profile is None:
+                profiled = first is not None and i == 0
+                if not profiled:
                     results[label].append(r)
-                print(f"run {i + 1}{' (profiled)' if profile else ''} {label}: " + "  ".join(
-                    f"{p} {r[p]['wall']:.2f}s ckptfs {r[p]['daemon']:.2f} weed "
-                    f"{r[p]['weed']:.2f}" for p in PHASES), flush=True)
+                print(f"run {i + 1}{' (profiled)' if profiled else ''} {label}: " + "  ".join(
+                    f"{p} {r[p]['wall']:.2f}s ckptfs {r[p]['daemon']:.2f}"
+                    + (f" gil {r[p]['gil']:.2f} ({r[p]['gil-threads']:.2f})"
+                       if a.gil and not profiled else "")
+                    + f" weed {r[p]['weed']:.2f}" for p in PHASES), flush=True)
     finally:
         server.stop()
         for m in ("mnt", "mnt2"):
@@ -288,6 +341,16 @@ def report(a: argparse.Namespace, targets: list[tuple[str, str, str | None, list
                       f"{med(label, p, 'weed'):12.2f}" for p in PHASES)
         print(f"{label:{width}s}{row}  {total(label, 'daemon', ('save', 'upload')):18.2f} "
               f"{total(label, 'weed', ('save', 'upload')):6.2f}")
+    if a.gil:
+        print(f"\nseconds the daemon held the GIL per GiB (py-spy --gil, {RATE} Hz), "
+              f"medians; in (): its threads other than the main one (the FUSE loop's)")
+        print(f"{'target':{width}s}" + "".join(f"  {p:>13s}" for p in PHASES)
+              + f"  {'save+upload':>13s}")
+        for label, *_ in targets:
+            print(f"{label:{width}s}" + "".join(
+                f"  {med(label, p, 'gil'):6.2f} ({med(label, p, 'gil-threads'):4.2f})"
+                for p in PHASES) + f"  {total(label, 'gil', ('save', 'upload')):6.2f} "
+                f"({total(label, 'gil-threads', ('save', 'upload')):4.2f})")
 
 
 if __name__ == "__main__":

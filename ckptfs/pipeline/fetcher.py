@@ -188,7 +188,7 @@ class Fetcher:
         store = store or self.store
         path = store.local_path(key)
         before = in_place_identity(path)
-        blob = store.get(key, codec.MAX_OBJECT_SIZE)
+        blob = store.get_buffer(key, codec.MAX_OBJECT_SIZE)
         try:
             if self.cache.memory_limit and not (path is not None and codec.is_raw(blob)):
                 # served from memory: decoded into a reused buffer (a raw chunk: the GET's)

@@ -147,6 +147,12 @@ class Store(abc.ABC):
         refused (BadObjectError, too_large) without reading more than `limit` + 1 of them:
         a record's GET (get_record) takes no more memory than a record may have."""
 
+    def get_buffer(self, key: str, limit: int | None = None) -> bytes | memoryview:
+        """get() of a chunk's object (the fetcher's GETs), in any bytes-like memory:
+        stores whose client can hand over its own buffer, with the GIL released while
+        the bytes arrive, override it (S3: obstore)."""
+        return self.get(key, limit)
+
     def get_record(self, key: str) -> bytes:
         """get() of a record (ckptfs.json, a manifest, a marker, an intent, a trash entry):
         at most LIMITS.record_bytes; a larger one is a BadObjectError, which is also a

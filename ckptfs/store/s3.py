@@ -38,6 +38,7 @@ from ckptfs.common.errors import (
     TransientStoreError,
 )
 from ckptfs.common.redact import redact
+from ckptfs.store import s3chunks
 from ckptfs.store.base import ObjectInfo, one_line, restamp_if_slow, root_cause, too_large
 from ckptfs.store.bucket import PrefixedStore, status_class
 
@@ -172,11 +173,14 @@ class BodyPool:
                 buf.extend(bytes(size - len(buf)))
         except BufferError:  # still exported somewhere: a new one
             buf = bytearray(size)
-        with memoryview(buf) as view:
-            pos = 0
-            for part in parts:
-                view[pos:pos + len(part)] = part
-                pos += len(part)
+        import numpy as np  # here: a mount loads numpy after it answers (codec.preload)
+
+        out = np.frombuffer(buf, np.uint8)
+        pos = 0
+        for part in parts:  # numpy copies with the GIL released (memoryview's holds it)
+            out[pos:pos + len(part)] = np.frombuffer(part, np.uint8)
+            pos += len(part)
+        del out
         return buf
 
     def release(self, buf: bytearray) -> None:
@@ -233,10 +237,50 @@ class S3Store(PrefixedStore):
         endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
         config = client_config(endpoint_url, max_pool_connections, connect_timeout,
                                read_timeout)
-        self._client: Any = s3_session(self._region).create_client(
-            "s3", endpoint_url=endpoint_url, config=config)
+        session = s3_session(self._region)
+        self._client: Any = session.create_client("s3", endpoint_url=endpoint_url,
+                                                  config=config)
         self.endpoint = redact(self._client.meta.endpoint_url)  # in messages: no password
         self.url_endpoint = redact(endpoint_url) if endpoint_url else None
+        self._session = session
+        self._chunk_settings = (endpoint_url, max_pool_connections, connect_timeout,
+                                read_timeout)
+        self._chunk_lock = threading.Lock()
+        #: obstore's client of the chunk requests, made on the first (_chunk_store)
+        self._chunk_client: Any = None
+        #: why chunk requests go through boto3 instead ("" until the first is known)
+        self.chunks_through_boto3: str | None = ""
+        self._chunk_pid = os.getpid()  # the process that decided it
+
+    def _chunk_store(self, key: str) -> Any:
+        """obstore's client for a chunk request on `key`, or None: the request then goes
+        through boto3 (a key obstore would spell otherwise, or settings it cannot give:
+        s3chunks.unusable, said once in the log)."""
+        if not s3chunks.PLAIN_KEY.fullmatch(self._key(key)):
+            return None
+        if self._chunk_pid != os.getpid():  # a forked child: obstore is not for it
+            self._chunk_lock = threading.Lock()
+            self._chunk_pid, self._chunk_client = os.getpid(), None
+            self.chunks_through_boto3 = ""
+        if self.chunks_through_boto3 == "":
+            with self._chunk_lock:
+                if self.chunks_through_boto3 == "":
+                    endpoint_url, connections, connect, read = self._chunk_settings
+                    why = s3chunks.unusable(self._client, endpoint_url, self._session)
+                    if why is None:
+                        self._chunk_client = s3chunks.open_chunk_store(
+                            self._client, self._session, self.bucket, endpoint_url,
+                            signs_payload(endpoint_url), connections, connect, read)
+                    else:
+                        log.info("chunk GETs and PUTs go through boto3, holding the GIL "
+                                 "(%s)", why)
+                    self.chunks_through_boto3 = why
+        return self._chunk_client
+
+    @contextlib.contextmanager
+    def _chunk_errors(self, op: str, key: str) -> Iterator[None]:
+        with s3chunks.errors(lambda detail: self._message(op, key, detail), error_class):
+            yield
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
@@ -274,25 +318,43 @@ class S3Store(PrefixedStore):
                 ) from e
 
     def put(self, key: str, data: bytes | memoryview) -> None:
-        self.put_parts(key, [data])
+        """One PutObject through boto3 (the records'; put_parts is the chunks')."""
+        self.check_length(key)
+        self._put_parts(key, [data], None, self._storage_class_of(key))
+
+    def _storage_class_of(self, key: str) -> str | None:
+        return (self.storage_class if key.startswith(self.storage_class_prefix)
+                else None)
 
     def put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """One PutObject of the parts joined once (a chunk's header, planes and tail),
-        into a reused buffer when it is large. Always a bytearray: botocore wraps a bytes
-        body in a BytesIO, which http.client then sends 16 KiB at a time (a copy and a
-        send call each), after an Expect: 100-continue round trip."""
+        into a reused buffer when it is large; through obstore (no GIL held while the
+        body is sent) unless _chunk_store() says boto3, or the object gets a storage
+        class (--storage-class: boto3 sets it). Always a bytearray: botocore wraps a
+        bytes body in a BytesIO, which http.client then sends 16 KiB at a time (a copy
+        and a send call each), after an Expect: 100-continue round trip."""
         self.check_length(key)
-        storage_class = (self.storage_class if key.startswith(self.storage_class_prefix)
-                         else None)
+        storage_class = self._storage_class_of(key)
+        self._put_parts(key, parts, None if storage_class else self._chunk_store(key),
+                        storage_class)
+
+    def _put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview],
+                   chunks: Any, storage_class: str | None = None) -> None:
+        """put_parts() through obstore's client `chunks`, or boto3's if None."""
         body = (self._bodies.join(parts) if sum(len(p) for p in parts) >= POOLED_BODY
                 else None)
+        owned = body is not None
         if body is None:
-            self._put(key, bytearray().join(parts), storage_class)
-            return
+            body = bytearray().join(parts)
         try:
-            self._put(key, body, storage_class)
+            if chunks is None:
+                self._put(key, body, storage_class)
+            else:
+                with self._chunk_errors("put", key):
+                    s3chunks.put(chunks, self._key(key), body)
         finally:
-            self._bodies.release(body)
+            if owned:
+                self._bodies.release(body)
 
     def _put(self, key: str, body: bytes | bytearray, storage_class: str | None) -> None:
         extra = {"StorageClass": storage_class} if storage_class else {}
@@ -371,6 +433,15 @@ class S3Store(PrefixedStore):
                 raise too_large("get", key, self.url, limit, max(size, len(data)))
             return data
 
+    def get_buffer(self, key: str, limit: int | None = None) -> bytes | memoryview:
+        """get() through obstore (no GIL held while the body arrives; its own buffer,
+        not copied), unless _chunk_store() says boto3."""
+        chunks = self._chunk_store(key)
+        if chunks is None:
+            return self.get(key, limit)
+        with self._chunk_errors("get", key):
+            return s3chunks.get(chunks, self._key(key), limit, key, self.url)
+
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         try:
             response = self._client.get_object(
@@ -389,6 +460,16 @@ class S3Store(PrefixedStore):
             Bucket=self.bucket, Key=self._key(key)))
 
     def head(self, key: str) -> int | None:
+        """HeadObject; through obstore where _chunk_store() allows (the uploader's HEAD
+        before each chunk PUT among them: a HEAD answers a size or a status, the same
+        through either client), else boto3."""
+        chunks = self._chunk_store(key)
+        if chunks is not None:
+            try:
+                with self._chunk_errors("head", key):
+                    return s3chunks.head(chunks, self._key(key))
+            except NotFoundError:
+                return None
         response = self._head_object("head", key)
         return None if response is None else int(response["ContentLength"])
 

@@ -51,6 +51,9 @@ class TimedStore(Store):
     def get(self, key: str, limit: int | None = None) -> bytes:
         return self._timed("get", self.inner.get, key, limit)
 
+    def get_buffer(self, key: str, limit: int | None = None) -> bytes | memoryview:
+        return self._timed("get", self.inner.get_buffer, key, limit)
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._timed("get_range", self.inner.get_range, key, start, end)
 

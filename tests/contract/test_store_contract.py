@@ -706,17 +706,24 @@ def test_s3_missing_bucket_is_permanent(seaweed: SeaweedServer) -> None:
 
 
 def test_s3_chunk_put_sends_no_extra_checksum_and_round_trips(s3_store: S3Store) -> None:
-    """Against the real server: a chunk PUT in parts says UNSIGNED-PAYLOAD and carries no
-    CRC32/MD5 header, the GET asks for no checksum, and the bytes come back exactly (the
-    body joined once into a reused buffer, twice in a row: the second reuses it)."""
+    """Against the real server: a chunk PUT in parts and its GET go through obstore
+    (botocore sends nothing) and the bytes come back exactly, twice in a row (the body
+    joined once into a reused buffer: the second reuses it). Through boto3 (where
+    obstore cannot have its settings) the PUT says UNSIGNED-PAYLOAD and carries no
+    CRC32/MD5 header, and the GET asks for no checksum."""
     sent: list[object] = []
     s3_store._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(
         request))
-    for n in range(2):
-        parts: list[bytes | memoryview] = [b"CKC1" + bytes(12), os.urandom(3 << 20),
-                                           memoryview(b"tail%d" % n)]
-        s3_store.put_parts(f"chunks/ab/c{n}", parts)
-        assert s3_store.get(f"chunks/ab/c{n}") == b"".join(parts)
+    for through_boto3 in (False, True):
+        if through_boto3:
+            s3_store.chunks_through_boto3, s3_store._chunk_client = "a test", None
+        for n in range(2):
+            parts: list[bytes | memoryview] = [b"CKC1" + bytes(12), os.urandom(3 << 20),
+                                               memoryview(b"tail%d" % n)]
+            s3_store.put_parts(f"chunks/ab/c{n}", parts)
+            assert bytes(s3_store.get_buffer(f"chunks/ab/c{n}")) == b"".join(parts)
+        if not through_boto3:
+            assert s3_store.chunks_through_boto3 is None and sent == []
     for request in sent:
         headers = {k.lower(): v for k, v in request.headers.items()}  # type: ignore[attr-defined]
         assert not [k for k in headers if k.startswith("x-amz-checksum") or k in (
