@@ -139,7 +139,7 @@ def test_chunk_requests_map_every_answer_to_the_error_class_boto3_gives(
     assert store.head("chunks/ab/c1") == len(data)
     assert store.head("chunks/ab/none") is None
     assert store.chunks_through_boto3 is None
-    assert s3.agents and not any("Boto3" in agent for agent in s3.agents)
+    assert s3.agents and not any("Botocore" in agent for agent in s3.agents)
     (headers,) = s3.put_headers  # one PutObject, unsigned on the loopback, no checksum
     assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
     assert not [k for k in headers if k.startswith("x-amz-checksum") or k in (
@@ -182,7 +182,7 @@ def test_a_forked_child_sends_its_chunk_requests_through_boto3(s3: FakeS3) -> No
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert "Boto3" in s3.agents[-1]
+    assert "Botocore" in s3.agents[-1]
 
 
 def test_fetcher_never_returns_a_chunk_whose_bytes_do_not_match_its_name(
@@ -216,4 +216,4 @@ def test_fetcher_never_returns_a_chunk_whose_bytes_do_not_match_its_name(
             trio.run(body)
         finally:
             cache.close()
-    assert not any("Boto3" in agent for agent in s3.agents[2:])
+    assert not any("Botocore" in agent for agent in s3.agents[2:])
