@@ -202,6 +202,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: long test never starts last while the other processes sit idle
 LONGEST_FIRST = (
     "fuse/test_gc_load.py",
+    "fuse/test_efficiency.py",
     "fuse/test_orbax_multihost.py",
     "fuse/test_crash.py",
     "fuse/test_faults.py",
