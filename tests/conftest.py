@@ -194,9 +194,40 @@ def pytest_configure(config: pytest.Config) -> None:
     become_subreaper()
 
 
+# -- order -------------------------------------------------------------------------------
+
+#: modules whose tests take longest (measured: `pytest -n 3 --durations=80`), handed out
+#: first, longest first; then every other test, its tier in TIER_ORDER. pytest-xdist hands
+#: tests out one at a time in this order (--maxschedchunk 1 in pyproject.toml), so that a
+#: long test never starts last while the other processes sit idle
+LONGEST_FIRST = (
+    "fuse/test_gc_load.py",
+    "fuse/test_efficiency.py",
+    "fuse/test_orbax_multihost.py",
+    "fuse/test_crash.py",
+    "fuse/test_faults.py",
+    "fuse/test_scale.py",
+)
+TIER_ORDER = ("fuse", "soak", "contract", "core", "pipeline", "unit")
+
+
+def run_order(item: pytest.Item) -> tuple[int, int]:
+    """Where `item` comes in the run: (module in LONGEST_FIRST, else after them; its
+    tier in TIER_ORDER, else after them)."""
+    try:
+        rel = item.path.relative_to(Path(__file__).parent)
+    except ValueError:
+        return len(LONGEST_FIRST), len(TIER_ORDER)
+    first = rel.as_posix()
+    tier = rel.parts[0]
+    return (LONGEST_FIRST.index(first) if first in LONGEST_FIRST else len(LONGEST_FIRST),
+            TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/fuse is marked `fuse`, and skipped, with the reason, where
-    FUSE is unavailable."""
+    """The run's order (run_order; otherwise the collection's); every test under
+    tests/fuse is marked `fuse`, and skipped, with the reason, where FUSE is unavailable."""
+    items.sort(key=run_order)
     reason = fuse_missing()
     for item in items:
         if FUSE_TESTS in item.path.parents:

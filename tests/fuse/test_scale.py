@@ -116,16 +116,16 @@ WRITER = textwrap.dedent("""
 
 def test_file_larger_than_the_cache(seaweed: SeaweedServer, proxy: FaultProxy,
                                     tmp_path: Path, nodes: Nodes) -> None:
-    """512 MiB through a 128 MiB cache to a store capped at 100 MB/s (the proxy): the
+    """256 MiB through a 64 MiB cache to a store capped at 100 MB/s (the proxy): the
     writer waits for the uploads (so its writes take at least as long as the store needs
     for what does not fit), no write fails, the cache stays within its documented bound
     (docs/OPERATIONS.md: --cache-size, plus up to one chunk per upload thread in flight
     during a sequential write), and a fresh node reads back exactly the bytes written."""
-    size, limit, chunk, threads, rate = 512 * MiB, 128 * MiB, 16 * MiB, 4, 100e6
+    size, limit, chunk, threads, rate = 256 * MiB, 64 * MiB, 16 * MiB, 4, 100e6
     proxy.limit_bandwidth(rate)
     url = f"s3://{seaweed.new_bucket()}/big"
     a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint, "--cache-size",
-                    "128M", "--upload-threads", str(threads))
+                    f"{limit // MiB}M", "--upload-threads", str(threads))
     most: dict[str, int] = {"cache_bytes": 0, "dirty_bytes": 0, "disk": 0}
     stop = threading.Event()
 
