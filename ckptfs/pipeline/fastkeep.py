@@ -42,13 +42,14 @@ class Trimmed:
     chunk_bytes: int = 0
 
 
-def checkpoint_of(path: str, pattern: str | None) -> str | None:
-    """The checkpoint directory the entry at `path` lies in: its nearest ancestor whose
-    name matches `pattern`, or without one its top-level directory; None if none."""
+def checkpoint_of(path: str, is_dir: bool, pattern: str | None) -> str | None:
+    """The checkpoint directory the entry at `path` lies in (or is, when `is_dir`): its
+    nearest ancestor, or itself, whose name matches `pattern`, or without one its
+    top-level directory; None if none."""
     parts = path.split("/")
     if pattern is None:
-        return parts[0] if len(parts) > 1 else None
-    for end in range(len(parts) - 1, 0, -1):
+        return parts[0] if is_dir or len(parts) > 1 else None
+    for end in range(len(parts) if is_dir else len(parts) - 1, 0, -1):
         if fnmatch.fnmatchcase(parts[end - 1], pattern):
             return "/".join(parts[:end])
     return None
@@ -102,7 +103,7 @@ def trim(fast: Store, slow: Store, keep: int = DEFAULT_KEEP,
             path = manifests.path_of_key(info.key)
         except ValueError:
             continue
-        cp = checkpoint_of(path, pattern)
+        cp = checkpoint_of(path, info.key.endswith("/"), pattern)
         if cp is not None:
             parent = cp.rpartition("/")[0]
             found.setdefault(parent, {}).setdefault(cp, []).append(info.key)
@@ -144,9 +145,12 @@ def trim(fast: Store, slow: Store, keep: int = DEFAULT_KEEP,
 def _trim_key(fast: Store, slow: Store, key: str, done: Trimmed) -> set[str]:
     """Remove one files/ key from the fast tier if the object store has it (as new); the
     chunks a removed manifest named."""
-    if key.endswith("/"):  # a directory marker
-        if slow.head(key) is not None:
-            fast.delete(key)
+    if key.endswith("/"):  # a directory marker (GET: some S3 servers HEAD no "x/" key)
+        try:
+            slow.get_record(key)
+        except NotFoundError:
+            return set()
+        fast.delete(key)
         return set()
     aside = f"{ASIDE}{secrets.token_hex(8)}"
     try:
