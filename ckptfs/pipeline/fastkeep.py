@@ -17,7 +17,14 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from ckptfs.common.errors import FormatError, NoEntry, NotFoundError
+from ckptfs.common.errors import (
+    CkptfsError,
+    FormatError,
+    InvalidKeyError,
+    NoEntry,
+    NotFoundError,
+    StoreError,
+)
 from ckptfs.format import manifests
 from ckptfs.format.manifests import Manifest
 from ckptfs.pipeline.fasttier import PENDING, Record, newer_manifest
@@ -101,7 +108,7 @@ def trim(fast: Store, slow: Store, keep: int = DEFAULT_KEEP,
     for info in fast.scan(manifests.FILES):
         try:
             path = manifests.path_of_key(info.key)
-        except ValueError:
+        except InvalidKeyError:
             continue
         cp = checkpoint_of(path, info.key.endswith("/"), pattern)
         if cp is not None:
@@ -114,6 +121,11 @@ def trim(fast: Store, slow: Store, keep: int = DEFAULT_KEEP,
         try:
             result = retention.plan(view, parent, keep, None, pattern or "*")
         except NoEntry:
+            continue
+        except StoreError:
+            raise
+        except CkptfsError as e:  # e.g. a damaged record: this directory is left as it is
+            log.warning("fast tier not trimmed in %r: %s", parent or "/", e)
             continue
         for c in reversed(result.removed):  # oldest first
             if c.path not in cps or _touches(c.path, pending_paths):
