@@ -33,14 +33,22 @@ def cmd_drain(a: argparse.Namespace) -> int:
     fast_url = a.fast_tier or os.environ.get("CKPTFS_FAST_TIER", "")
     if not fast_url:
         raise UsageError("give the fast tier: --fast-tier DIR (or CKPTFS_FAST_TIER)")
+    from ckptfs.common.config import check_glob
     from ckptfs.common.errors import ConfigError
-    from ckptfs.pipeline import fasttier
+    from ckptfs.pipeline import fastkeep, fasttier
 
     target = open_target(a, whole_store=True)
     try:
         fast = fasttier.attach(fast_url, target.store)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    if a.fast_keep < 1:
+        raise UsageError(f"--fast-keep must be 1 or more, not {a.fast_keep}")
+    if a.keep_pattern is not None:
+        try:
+            check_glob(a.keep_pattern, "--keep-pattern")
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
     deadline = None if a.timeout is None else time.monotonic() + a.timeout
     with ProgressDisplay(interval=a.interval) as display:
 
@@ -56,6 +64,8 @@ def cmd_drain(a: argparse.Namespace) -> int:
         last: list[Any] = []
         try:
             done = fasttier.drain(fast, target.store, show, deadline)
+            trimmed = (fastkeep.trim(fast, target.store, a.fast_keep, a.keep_pattern)
+                       if done else None)
         finally:
             fast.close()
     s = last[-1]
@@ -65,6 +75,10 @@ def cmd_drain(a: argparse.Namespace) -> int:
     print(f"drained: {s.moved.records} records moved ({s.moved.chunks} chunks, "
           f"{human(s.moved.chunk_bytes)}); everything in {fast_url} is in {target.store.url}"
           + (f"; {s.moved.lost} chunks were lost (see above)" if s.moved.lost else ""))
+    if trimmed is not None and trimmed.checkpoints:
+        print(f"removed from the fast tier: {trimmed.manifests} manifests and "
+              f"{trimmed.chunks} chunks ({human(trimmed.chunk_bytes)}) of "
+              f"{trimmed.checkpoints} checkpoint directories the store has")
     return 0
 
 
@@ -73,6 +87,13 @@ def add_drain_parser(sub: Any) -> None:
     add_target(p, "the store (its URL, or a path in a mount of it)")
     p.add_argument("--fast-tier", metavar="DIR", help="the fast tier the mounts used "
                    "(default: $CKPTFS_FAST_TIER)")
+    p.add_argument("--fast-keep", type=int, default=2, metavar="N", help="then remove from "
+                   "the fast tier what the store has, but for the newest N checkpoint "
+                   "directories (and the newest complete one), as a mount's --fast-keep "
+                   "(default 2)")
+    p.add_argument("--keep-pattern", metavar="GLOB", help="the names of the checkpoint "
+                   "directories, as a mount's --keep-pattern (default: the top-level "
+                   "directories)")
     p.add_argument("--timeout", type=float, metavar="S", help="give up after this many "
                    "seconds (exit 1)")
     p.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds "

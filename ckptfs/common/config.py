@@ -379,6 +379,12 @@ class MountConfig:
         "directory store URL) in front of the store: closed files go there first and to the "
         "store in the background, any node finishes what a lost node left (default {})",
         metavar="DIR")
+    fast_keep: int = option(
+        2, "--fast-keep", "with --fast-tier: keep the newest N checkpoint directories (of "
+        "each parent directory; named by --keep-pattern, else the top-level directories) in "
+        "the fast tier, and always the newest complete one and all newer; of the others, "
+        "what the store already has is removed from the fast tier (default {})",
+        kind="int", metavar="N")
     # auto-prune (autoprune.py): off unless keep_last is set; the policy of `ckptfs prune`
     keep_last: int | None = option(
         None, "--keep-last", "auto-prune: after this mount writes into a checkpoint directory "
@@ -391,7 +397,8 @@ class MountConfig:
         "number in its name, is a multiple of K", kind="int", metavar="K")
     keep_pattern: str | None = option(
         None, "--keep-pattern", "auto-prune: shell pattern of checkpoint directory names, "
-        "e.g. 'checkpoint-*', 'global_step*', 'step-*' (required with --keep-last)",
+        "e.g. 'checkpoint-*', 'global_step*', 'step-*' (required with --keep-last; with "
+        "--fast-tier, it also names those of --fast-keep)",
         metavar="GLOB")
     foreground: bool = option(False, "--foreground", "do not daemonize; log to stderr; "
                               "tell systemd when mounted if $NOTIFY_SOCKET is set "
@@ -489,9 +496,14 @@ class MountConfig:
     def _check_keep(self) -> None:
         """The auto-prune options go together; the numbers themselves are checked by
         retention.check_policy (cli, autoprune)."""
+        if self.fast_keep < 1:
+            raise ConfigError(f"--fast-keep must be 1 or more, not {self.fast_keep}")
         if self.keep_last is None:
             given = [o for o, v in (("--keep-every", self.keep_every),
-                                    ("--keep-pattern", self.keep_pattern)) if v is not None]
+                                    ("--keep-pattern", self.keep_pattern)) if v is not None
+                     and (o != "--keep-pattern" or self.fast_tier is None)]
+            if self.keep_pattern is not None and self.fast_tier is not None:
+                check_glob(self.keep_pattern, "--keep-pattern")
             if given:
                 verb = "need" if len(given) > 1 else "needs"
                 raise ConfigError(f"{' and '.join(given)} {verb} --keep-last N (the mount "

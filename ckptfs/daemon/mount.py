@@ -61,7 +61,7 @@ from ckptfs.format.manifests import StoreInfo
 from ckptfs.fs.autoprune import AutoPruner, Policy
 from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.options import Options
-from ckptfs.pipeline import fasttier
+from ckptfs.pipeline import fastkeep, fasttier
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.journal import Journal
@@ -472,6 +472,8 @@ class Daemon:
         publisher.hold_after_apply = fasttier.held
         publisher.on_applied = lambda op: mover.wake()
         mover.on_moved = publisher.release_held
+        keep, pattern = self.cfg.fast_keep, self.cfg.keep_pattern
+        mover.trim = lambda: fastkeep.trim(fast, slow, keep, pattern)
         return mover
 
     async def main(self) -> int:

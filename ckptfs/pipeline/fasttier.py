@@ -57,6 +57,8 @@ LEASES = "leases/"
 DEFAULT_LEASE = 60.0
 LEASE_ENV = "CKPTFS_FAST_LEASE"
 RECORD_VERSION = 1
+#: seconds at least between two trims of the fast tier by one mover (Mover.trim)
+TRIM_GAP = 2.0
 
 
 def lease_seconds() -> float:
@@ -460,6 +462,11 @@ class Mover:
         self.last_error: str | None = None
         #: told of each own record moved (publisher: its paths may be listed again)
         self.on_moved: Callable[[Op], None] | None = None
+        #: the fast tier's retention (fastkeep.trim), run in a thread once this mount's
+        #: records are all moved, after it moved some or another queue was looked at
+        self.trim: Callable[[], object] | None = None
+        self._trim_due = True
+        self._trim_at = -float("inf")
 
     def recorded(self, record: Record) -> None:
         """Recorder's callback, from the publisher's thread."""
@@ -545,6 +552,7 @@ class Mover:
             with self._own_lock:
                 del self.own[record.op.seq]
             moved.append(record.op)
+            self._trim_due = True
 
     def _move_others(self) -> None:
         now = self.leases.store_now()
@@ -574,6 +582,11 @@ class Mover:
                     others_at = time.monotonic()
                     await trio.to_thread.run_sync(self._hold_own)
                     await trio.to_thread.run_sync(self._move_others)
+                    self._trim_due = True
+                if (self.trim is not None and self._trim_due and not self.own
+                        and time.monotonic() - self._trim_at >= TRIM_GAP):
+                    self._trim_due, self._trim_at = False, time.monotonic()
+                    await trio.to_thread.run_sync(self.trim)
                 self.healthy, self.last_error = True, None
                 delays = BACKGROUND.delays()
                 with trio.move_on_after(0.2 if self.own else self.leases.lease / 3):

@@ -1,5 +1,6 @@
 """The fast tier through real mounts, SeaweedFS as the object store: a node that dies
-after `ckptfs sync --fast`, before its uploads to S3, loses nothing."""
+after `ckptfs sync --fast`, before its uploads to S3, loses nothing; the fast tier keeps
+only the newest checkpoints once S3 has the rest."""
 
 from __future__ import annotations
 
@@ -94,6 +95,58 @@ def test_a_mount_killed_while_moving_finishes_at_its_next_mount(tmp_path: Path,
     assert not list((fast / "pending").rglob("*%o"))
     a.umount()
     assert stored_file(LocalStore(store), "d/a.bin") == data
+
+
+def test_the_fast_tier_keeps_the_two_newest_checkpoints(seaweed: SeaweedServer,
+                                                        tmp_path: Path, nodes: Nodes) -> None:
+    """8 saves (step-1 .. step-8, a chunk shared by all) with --fast-keep 2: once S3 has
+    everything, the fast tier holds the manifests of step-7 and step-8 and the chunks
+    they name, nothing else of the steps; `ckptfs drain --fast-keep 1` leaves step-8
+    only; a node with a fresh cache reads every step byte for byte (the older ones from
+    S3)."""
+    url = f"s3://{seaweed.new_bucket()}/job"
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    env = {**os.environ, "CKPTFS_FAST_LEASE": "2"}  # the mover looks every 0.7 s
+    common = ["--endpoint-url", seaweed.endpoint, "--chunk-size", "1M", "--fast-tier",
+              str(fast)]
+    shared = random_bytes(MiB)
+    files = {}
+    for step in range(1, 9):
+        files[f"step-{step}/model.bin"] = shared + random_bytes(1000 + step)
+        files[f"step-{step}/meta.json"] = b'{"step": %d}\n' % step
+    a = nodes.mount(url, tmp_path, "a", *common, "--fast-keep", "2", env=env)
+    for name, data in files.items():
+        (a / name).parent.mkdir(exist_ok=True)
+        (a / name).write_bytes(data)
+    run_cli("sync", str(a.path), "--timeout", "60")
+    tier = LocalStore(fast)
+
+    def steps_in_fast() -> set[str]:
+        return {manifests.path_of_key(i.key).partition("/")[0]
+                for i in tier.scan(manifests.FILES)}
+
+    def chunks_in_fast() -> set[str | None]:
+        return {manifests.chunk_name(i.key) for i in tier.scan(manifests.CHUNKS)}
+
+    def named() -> set[str | None]:  # the shared chunk, and each file's own
+        return {h for step in (7, 8) for name in ("model.bin", "meta.json")
+                for h, _ in Manifest.from_json(
+                    tier.get(manifests.file_key(f"step-{step}/{name}"))).chunks}
+
+    wait_until(lambda: steps_in_fast() == {"step-7", "step-8"}
+               and chunks_in_fast() == named(), 30,
+               "the fast tier holds step-7 and step-8 only, and the chunks they name")
+    assert len(named()) == 5
+    r = run_cli("drain", url, "--fast-tier", str(fast), "--endpoint-url", seaweed.endpoint,
+                "--fast-keep", "1", "--interval", "0", env=env)
+    assert "removed from the fast tier: 2 manifests" in r.stdout, r.stdout
+    assert steps_in_fast() == {"step-8"}
+    b = nodes.mount(url, tmp_path, "b", *common, env=env)
+    for name, data in files.items():
+        assert (b / name).read_bytes() == data, name
+    b.umount()
+    a.umount()
 
 
 def stored_file(store: LocalStore, path: str) -> bytes:

@@ -1,0 +1,152 @@
+"""The fast tier's retention (pipeline/fastkeep.py) on two directory stores, no mount: of
+8 checkpoints only the newest 2 stay in the fast tier once the object store has them
+(their manifests and the chunks they name, shared ones too), every one still reads byte
+for byte through both tiers, and the newest complete checkpoint and anything pending or
+newer than the object store's copy stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support import random_bytes
+
+from ckptfs.format import codec, manifests
+from ckptfs.format.manifests import Manifest, file_key
+from ckptfs.pipeline import fasttier
+from ckptfs.pipeline.fastkeep import trim
+from ckptfs.pipeline.fasttier import Record, Replayer
+from ckptfs.pipeline.journal import Op
+from ckptfs.store.local import LocalStore
+from ckptfs.store.tiered import TieredStore
+
+SHARED = random_bytes(3000)  # a chunk every step names (dedup across checkpoints)
+
+
+@pytest.fixture
+def tiers(tmp_path: Path) -> tuple[LocalStore, LocalStore]:
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "slow").mkdir()
+    return LocalStore(tmp_path / "fast"), LocalStore(tmp_path / "slow")
+
+
+def publish(fast: LocalStore, queue: str, seq: int, path: str, chunks: list[bytes],
+            gen: int) -> bytes:
+    """A closed file as a fast-tier mount leaves it: chunks, manifest, pending record."""
+    named = []
+    for data in chunks:
+        h = codec.chunk_hash(data)
+        fast.put_parts(manifests.chunk_key(h), codec.encode_chunk_parts(data, "zstd4")[0])
+        named.append((h, len(data)))
+    body = manifests.with_generation(Manifest(sum(len(c) for c in chunks), 0o100644, 0,
+                                              tuple(named), writer=queue).to_json(), gen)
+    fast.put(file_key(path), body)
+    fast.put(fasttier.record_key(queue, seq),
+             Record(queue, Op(seq, "put_file", path, body=body)).to_json())
+    return body
+
+
+def move_all(fast: LocalStore, slow: LocalStore, queue: str) -> None:
+    replayer = Replayer(fast, slow)
+    for key in replayer.queue_keys(queue):
+        record = replayer.read(key)
+        assert record is not None
+        replayer.move(record)
+
+
+def save_steps(fast: LocalStore, queue: str = "a") -> dict[str, bytes]:
+    """step-1 .. step-8, two files each: model.pt (the shared chunk and its own) and
+    opt.pt (its own); the files' contents by path."""
+    files = {}
+    for step in range(1, 9):
+        own, opt = random_bytes(2000 + step), random_bytes(1000 + step)
+        publish(fast, queue, 2 * step - 1, f"step-{step}/model.pt", [SHARED, own], step)
+        publish(fast, queue, 2 * step, f"step-{step}/opt.pt", [opt], step)
+        files[f"step-{step}/model.pt"] = SHARED + own
+        files[f"step-{step}/opt.pt"] = opt
+    return files
+
+
+def fast_state(fast: LocalStore) -> tuple[set[str], set[str]]:
+    """The fast tier's manifests (paths) and chunks (names)."""
+    paths = {manifests.path_of_key(i.key) for i in fast.scan(manifests.FILES)}
+    chunks = {manifests.chunk_name(i.key) or "" for i in fast.scan(manifests.CHUNKS)}
+    return paths, chunks
+
+
+def named_by(fast: LocalStore, paths: set[str]) -> set[str]:
+    return {h for p in paths for h, _ in Manifest.from_json(fast.get(file_key(p))).chunks}
+
+
+def read(view: TieredStore, path: str) -> bytes:
+    m = Manifest.from_json(view.get(file_key(path)))
+    out = b""
+    for h, _ in m.chunks:
+        with codec.decoded(view.get(manifests.chunk_key(h)), h) as data:
+            out += bytes(data)
+    return out
+
+
+def test_the_fast_tier_keeps_the_newest_two_once_the_store_has_everything(
+        tiers: tuple[LocalStore, LocalStore]) -> None:
+    fast, slow = tiers
+    files = save_steps(fast)
+    move_all(fast, slow, "a")
+    done = trim(fast, slow, keep=2)
+    paths, chunks = fast_state(fast)
+    newest = {"step-7/model.pt", "step-7/opt.pt", "step-8/model.pt", "step-8/opt.pt"}
+    assert paths == newest
+    assert chunks == named_by(fast, newest)  # the shared chunk too: step-7 and 8 name it
+    assert (done.checkpoints, done.manifests) == (6, 12)
+    view = TieredStore(fast, slow, manifests.FILES, fasttier.newer_manifest)
+    for path, data in files.items():
+        assert read(view, path) == data, path
+    assert trim(fast, slow, keep=2).manifests == 0  # nothing more to do
+    assert fast_state(fast) == (paths, chunks)
+
+
+def test_the_newest_complete_checkpoint_and_everything_newer_stay(
+        tiers: tuple[LocalStore, LocalStore]) -> None:
+    """step-7 and step-8 name a chunk that is nowhere (a node died mid-save): with
+    --fast-keep 1, step-6 (the newest complete) stays, and so do the newer ones."""
+    fast, slow = tiers
+    save_steps(fast)
+    move_all(fast, slow, "a")
+    lost = "0" * 64
+    for step in (7, 8):
+        key = file_key(f"step-{step}/opt.pt")
+        m = Manifest.from_json(fast.get(key))
+        body = manifests.with_generation(
+            Manifest(m.size + 1, 0o100644, 0, (*m.chunks, (lost, 1))).to_json(), 100)
+        fast.put(key, body)
+        slow.put(key, body)
+    trim(fast, slow, keep=1)
+    paths, _ = fast_state(fast)
+    assert {p.partition("/")[0] for p in paths} == {"step-6", "step-7", "step-8"}
+
+
+def test_nothing_the_store_lacks_leaves_the_fast_tier(
+        tiers: tuple[LocalStore, LocalStore]) -> None:
+    """step-3 is still pending (another node's queue, not moved); step-4 was published
+    again (generation 20) and the store holds its older generation: both stay, with
+    their chunks."""
+    fast, slow = tiers
+    files = save_steps(fast)
+    again = random_bytes(1500)
+    publish(fast, "b", 1, "step-3/extra.pt", [again], 30)
+    move_all(fast, slow, "a")
+    fast.put(file_key("step-4/opt.pt"), manifests.with_generation(Manifest(
+        len(again), 0o100644, 0, ((codec.chunk_hash(again), len(again)),)).to_json(), 20))
+    trim(fast, slow, keep=2)
+    paths, chunks = fast_state(fast)
+    assert {"step-3/extra.pt", "step-4/opt.pt"} <= paths
+    assert codec.chunk_hash(again) in chunks
+    assert not any(p.startswith(("step-1/", "step-2/", "step-5/", "step-6/")) for p in paths)
+    move_all(fast, slow, "b")  # once moved, step-3 goes too; step-4 waits for its move
+    trim(fast, slow, keep=2)
+    paths, _ = fast_state(fast)
+    assert "step-3/extra.pt" not in paths and "step-4/opt.pt" in paths
+    view = TieredStore(fast, slow, manifests.FILES, fasttier.newer_manifest)
+    assert read(view, "step-3/extra.pt") == again
+    assert read(view, "step-4/opt.pt") == again
+    assert read(view, "step-5/model.pt") == files["step-5/model.pt"]
