@@ -5,6 +5,7 @@ before it writes; a server that honours it is trusted without a HEAD."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import pytest
@@ -46,6 +47,9 @@ def stub_store(honours: bool) -> tuple[S3Store, StubS3]:
     store.storage_class, store.storage_class_prefix = None, ""
     store.atomic_create = None
     store.url = "s3://b/ at http://stub"
+    # chunk requests (the HEAD among them) through the stub too, not obstore
+    store._chunk_pid, store._chunk_client = os.getpid(), None
+    store.chunks_through_boto3 = "a stub client"
     client = StubS3(honours)
     store._client = client
     return store, client
