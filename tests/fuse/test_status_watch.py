@@ -100,7 +100,18 @@ def test_watch_through_a_pipe_prints_a_line_per_sample(tmp_path: Path, nodes: No
     watcher = subprocess.Popen([*CKPTFS, "status", str(a.path), "--watch", "--interval",
                                 "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, preexec_fn=interruptible)
-    time.sleep(1.5)
+    # read samples as they come (a slow start must not leave too few): until three lines
+    # and one that says durable, or 30 s (then SIGINT ends the loop's reads)
+    deadline = threading.Timer(30, watcher.send_signal, (signal.SIGINT,))
+    deadline.start()
+    lines: list[str] = []
+    assert watcher.stdout is not None
+    while len(lines) < 3 or not any("   durable" in line for line in lines):
+        line = watcher.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+    deadline.cancel()
     watcher.send_signal(signal.SIGINT)
     try:
         out, err = watcher.communicate(timeout=30)
@@ -109,6 +120,6 @@ def test_watch_through_a_pipe_prints_a_line_per_sample(tmp_path: Path, nodes: No
         watcher.kill()
         raise AssertionError(f"no exit after SIGINT: {why}") from None
     assert watcher.returncode == 0 and err == ""
-    lines = out.splitlines()
+    lines += out.splitlines()
     assert len(lines) >= 3 and all(" rate " in line and "\x1b" not in line for line in lines)
     assert any("   durable" in line for line in lines)  # x.pt reached the store
