@@ -1,4 +1,5 @@
-"""Helpers of the pipeline tier: a store that records what reached it, staged chunks."""
+"""Helpers of the pipeline tier: a store that records what reached it, staged chunks, a
+fast tier's records moved."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import trio
 from ckptfs.format import codec
 from ckptfs.format.manifests import chunk_key
 from ckptfs.pipeline.cache import LocalCache, StagingFile
+from ckptfs.pipeline.fasttier import Replayer
 from ckptfs.store.faulty import FaultyStore
 from ckptfs.store.local import LocalStore
 
@@ -79,3 +81,11 @@ def put_chunk(store: FaultyStore, data: bytes) -> str:
 def stored_chunk(store: FaultyStore, h: str) -> bytes:
     return bytes(codec.decode_chunk(store.inner.get(chunk_key(h)), h))
 
+
+def move_all(fast: LocalStore, slow: LocalStore, queue: str) -> None:
+    """Move every record of `queue` from the fast tier `fast` to the store `slow`."""
+    replayer = Replayer(fast, slow)
+    for key in replayer.queue_keys(queue):
+        record = replayer.read(key)
+        assert record is not None
+        replayer.move(record)

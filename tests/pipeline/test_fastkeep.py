@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pipeline_helpers import move_all
 from support import random_bytes
 
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.pipeline import fasttier
 from ckptfs.pipeline.fastkeep import trim
-from ckptfs.pipeline.fasttier import Record, Replayer
+from ckptfs.pipeline.fasttier import Record
 from ckptfs.pipeline.journal import Op
 from ckptfs.store.local import LocalStore
 from ckptfs.store.tiered import TieredStore
@@ -44,14 +45,6 @@ def publish(fast: LocalStore, queue: str, seq: int, path: str, chunks: list[byte
     fast.put(fasttier.record_key(queue, seq),
              Record(queue, Op(seq, "put_file", path, body=body)).to_json())
     return body
-
-
-def move_all(fast: LocalStore, slow: LocalStore, queue: str) -> None:
-    replayer = Replayer(fast, slow)
-    for key in replayer.queue_keys(queue):
-        record = replayer.read(key)
-        assert record is not None
-        replayer.move(record)
 
 
 def save_steps(fast: LocalStore, queue: str = "a") -> dict[str, bytes]:

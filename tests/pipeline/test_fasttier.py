@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from pipeline_helpers import move_all
 from support import random_bytes
 
 from ckptfs.format import codec, manifests
@@ -45,14 +46,6 @@ def publish(fast: LocalStore, queue: str, seq: int, path: str, data: bytes, gen:
     fast.put(fasttier.record_key(queue, seq), Record(queue, Op(seq, "put_file", path,
                                                                body=body)).to_json())
     return body
-
-
-def move_all(fast: LocalStore, slow: LocalStore, queue: str) -> None:
-    replayer = Replayer(fast, slow)
-    for key in replayer.queue_keys(queue):
-        record = replayer.read(key)
-        assert record is not None
-        replayer.move(record)
 
 
 def test_an_older_manifest_moved_late_never_replaces_a_newer(
