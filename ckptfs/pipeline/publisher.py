@@ -210,9 +210,9 @@ class Publisher:
     def is_pending(self, path: str, held: bool = True) -> bool:
         """Whether an unapplied op touches `path` or one of its ancestors (`held`: or an
         op held after it was applied, see hold_after_apply)."""
+        if not self._pending_paths and not (held and self._held_paths):
+            return False  # the common case, on every lookup: no list made
         counters = [c for c in (self._pending_paths, self._held_paths if held else None) if c]
-        if not counters:
-            return False
         while True:
             if any(c.get(path) for c in counters):
                 return True
