@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +21,23 @@ PIECE = 1 << 20
 
 
 def slow_save(path: Path, pieces: int, stop: threading.Event) -> None:
-    """Write `pieces` MiB into `path`, a piece every 50 ms, and keep it open until `stop`."""
+    """Write up to `pieces` MiB into `path`, a piece every 50 ms, until `stop`, and keep it
+    open until then."""
     with open(path, "wb") as f:
         for _ in range(pieces):
+            if stop.is_set():
+                break
             f.write(os.urandom(PIECE))
             f.flush()
             time.sleep(0.05)
-        stop.wait(30)
+        stop.wait(60)
 
 
-def read_for(fd: int, seconds: float) -> str:
+def read_for(fd: int, seconds: float, until: Callable[[str], bool] = lambda _: False) -> str:
+    """What `fd` prints in `seconds`, or until `until` holds of it."""
     out = b""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not until(out.decode(errors="replace")):
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
             try:
@@ -40,6 +45,11 @@ def read_for(fd: int, seconds: float) -> str:
             except OSError:
                 break
     return out.decode(errors="replace")
+
+
+def uploads(text: str) -> set[str]:
+    """The distinct upload figures a watcher has shown."""
+    return set(re.findall(r"uploaded\s+(\d+(?:\.\d+)? \w+)", text))
 
 
 def stuck(proc: subprocess.Popen[Any]) -> str:
@@ -64,7 +74,7 @@ def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None
     store.mkdir()
     a = nodes.mount(str(store), tmp_path, "a", "--chunk-size", "1M")
     stop = threading.Event()
-    writer = threading.Thread(target=slow_save, args=(a / "step-7.pt", 80, stop))
+    writer = threading.Thread(target=slow_save, args=(a / "step-7.pt", 200, stop))
     writer.start()
     master, slave = pty.openpty()
     watcher = subprocess.Popen([*CKPTFS, "status", str(a.path), "--watch", "--interval",
@@ -73,7 +83,9 @@ def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None
                                preexec_fn=interruptible)
     os.close(slave)
     try:
-        text = read_for(master, 4.0)
+        # read samples as they come (a slow start must not leave too few): until the
+        # upload figure has changed, or 30 s
+        text = read_for(master, 30.0, lambda seen: len(uploads(seen)) >= 3)
         watcher.send_signal(signal.SIGINT)  # what Ctrl-C sends
         try:
             assert watcher.wait(30) == 0
@@ -87,7 +99,7 @@ def test_watch_in_a_terminal_during_a_save(tmp_path: Path, nodes: Nodes) -> None
             watcher.kill()
         os.close(master)
     assert "step-7.pt" in text and "files being saved" in text, text[-3000:]
-    uploaded = set(re.findall(r"uploaded\s+(\d+(?:\.\d+)? \w+)", text))
+    uploaded = uploads(text)
     assert len(uploaded) >= 2, uploaded  # the upload figure changed while it watched
     assert "Traceback" not in text and "Ctrl-C to stop" in text
 
