@@ -33,6 +33,8 @@ def format_status(st: dict[str, Any]) -> str:
         f"   fetched {human(st['fetched_bytes'])}   open files {st['open_files']}",
         f"state        {state_line(st)}",
     ]
+    if st.get("fast_tier"):
+        lines.append(f"fast tier    {fast_tier_line(st)}")
     ap = st.get("autoprune")
     if ap:
         every = f" --keep-every {ap['keep_every']}" if ap["keep_every"] else ""
@@ -47,6 +49,18 @@ def format_status(st: dict[str, Any]) -> str:
     if st.get("retries"):
         lines.append(f"retries      {retries_text(st['retries'])}")
     return "\n".join(lines)
+
+
+def fast_tier_line(st: dict[str, Any]) -> str:
+    """The fast tier, usable or not, and what went straight to the store meanwhile."""
+    direct = (f"{st.get('fast_direct_ops', 0)} changes and "
+              f"{human(st.get('fast_direct_bytes', 0))} written straight to the store")
+    if st.get("fast_usable", True):
+        return f"{st['fast_tier']} usable" + (
+            f" ({direct} while it was not)" if st.get("fast_unusable_episodes") else "")
+    since = st.get("fast_unusable_since")
+    return (f"{st['fast_tier']} UNUSABLE since {time.ctime(since) if since else '?'} "
+            f"({st.get('fast_unusable_reason')}): {direct}")
 
 
 def retries_text(retries: dict[str, int]) -> str:

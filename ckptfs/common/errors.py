@@ -31,6 +31,14 @@ class PermanentStoreError(StoreError):
     permanent = True
 
 
+class Deferred(StoreError):
+    """An op that must wait, not fail: with a fast tier that is unusable, an op applied
+    straight to the object store waits until this mount's earlier records have left the
+    fast tier (pipeline/fastfail.py). Retried quietly; never retried per call."""
+
+    permanent = True
+
+
 class NotFoundError(StoreError):
     """The key does not exist in the store."""
 
