@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from ckptfs.format import codec, manifests
 from ckptfs.pipeline.fasttier import LEASES, Mover, _replace_body, record_key
 from ckptfs.pipeline.journal import Op
 from ckptfs.pipeline.publisher import RetryingStore
+from ckptfs.store import LocalStore
 from ckptfs.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,9 @@ UNUSABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACC
 #: seconds between two probes of the fast tier (its marker and a small write)
 PROBE_GAP = 3.0
 PROBE_BYTES = 4096
+#: free bytes below which a probe finds the fast tier full (else one freed page after a
+#: failed chunk write would make it usable again, for the next chunk to fail)
+PROBE_FREE = 64 * 2**20
 #: op kinds whose old copies in the fast tier a direct apply must delete there first
 CLEANED = ("delete_file", "delete_dir", "rename_file", "rename_dir")
 
@@ -76,7 +81,8 @@ class Health:
         self.direct_ops = 0  # ops applied straight to the object store
         self._direct_bytes = 0  # bytes PUT there instead of into the fast tier
         self._lock = threading.Lock()
-        self.changed: Callable[[], object] = lambda: None  # told when it becomes usable
+        #: told (in trio's thread) when a probe finds it usable again
+        self.changed: Callable[[], object] = lambda: None
 
     def is_usable(self) -> bool:
         return self.usable
@@ -109,7 +115,6 @@ class Health:
             self.usable, self.reason, self.since = True, None, None
         log.warning("fast tier %s usable again after %.0f s: writing to it again",
                     self.url, took)
-        self.changed()
 
     def marker(self) -> bool:
         """Whether the fast tier's ckptfs.json is there (else it is marked unusable:
@@ -130,6 +135,10 @@ class Health:
         tier is usable (and marked so)."""
         if not self.marker():
             return False
+        free = self._free()
+        if free is not None and free < PROBE_FREE:
+            self.down(f"full: {free // 2**20} MiB free, under {PROBE_FREE // 2**20} MiB")
+            return False
         try:
             self.fast.put(self.probe_key, bytes(PROBE_BYTES))
             self.fast.delete(self.probe_key)
@@ -142,12 +151,24 @@ class Health:
         self.up()
         return True
 
+    def _free(self) -> int | None:
+        """Bytes free to this user on the fast tier's file system (None: not known)."""
+        if not isinstance(self.fast, LocalStore):
+            return None
+        try:
+            st = os.statvfs(self.fast.root)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Probe every PROBE_GAP seconds; cancel to stop."""
         task_status.started()
         while True:
             await trio.sleep(PROBE_GAP)
-            await trio.to_thread.run_sync(self.check)
+            was = self.usable
+            if await trio.to_thread.run_sync(self.check) and not was:
+                self.changed()
 
     def count_direct(self, nbytes: int, ops: int = 0) -> None:
         with self._lock:

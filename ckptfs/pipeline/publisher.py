@@ -402,7 +402,8 @@ class Publisher:
         st = (self.cache.staging.get(op.staging_id)
               if self.cache is not None and op.staging_id is not None else None)
         fd = st.fd if st is not None else -1  # kept open: _hold_staging
-        why = ("before its late publish" if only is None
+        why = ("before its publish straight to the store (the fast tier is unusable)"
+               if store is not None else "before its late publish" if only is None
                else "freed from the cache while it was open, before its publish")
         lost = await trio.to_thread.run_sync(self._confirm_sync, op.path, todo, fd, why,
                                              store, limiter=self.limiter)
@@ -443,7 +444,9 @@ class Publisher:
                 strict=True))
         lost = [h for h, ok in uploaded.items() if not ok]
         restored = sum(1 for how in found.values() if how == "fossil")
-        log.log(logging.WARNING if restored or missing else logging.INFO,
+        # straight to the store, chunks still to upload are expected: put from staging
+        log.log(logging.WARNING if restored or (lost if store is not None else missing)
+                else logging.INFO,
                 "re-confirmed the %d chunks of %s %s in %.2fs: %d copied back from "
                 "fossils/, %d uploaded again from staging, %d lost",
                 len(spans), path, why, time.monotonic() - start, restored,
