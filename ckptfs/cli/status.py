@@ -190,7 +190,8 @@ def cmd_sync(a: argparse.Namespace) -> int:
     st = sync(mount_of(a.mountpoint), a.timeout, fast=a.fast)
     if a.fast and st.get("fast_tier"):
         print(f"fast-durable: everything closed under {a.mountpoint} is in the fast tier "
-              f"{st['fast_tier']}")
+              f"{st['fast_tier']}" + ("" if st.get("fast_usable", True) else
+                                      " or (while it is unusable) in the store"))
     else:
         print(f"durable: everything closed under {a.mountpoint} is in the store")
     return 0

@@ -121,6 +121,7 @@ class Health:
         DIR is the bare directory its file system was mounted on)."""
         try:
             if self.fast.head(manifests.INFO_KEY) is not None:
+                self.mounted = True
                 return True
         except StoreError as e:
             if not self.judge(e):

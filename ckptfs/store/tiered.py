@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from ckptfs.common.errors import Deferred, NotFoundError, StoreError
+from ckptfs.common.errors import Deferred, NotFoundError, PartialListing, StoreError
 from ckptfs.store.base import Listing, ObjectInfo, Store
 
 log = logging.getLogger(__name__)
@@ -189,12 +189,24 @@ class TieredStore(Store):
     def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
         if prefix.startswith(self.fast_only) and self.fast_only:
             return self.fast.list(prefix, delimiter)
-        return _union(self._listed(lambda s: s.list(prefix, delimiter)),
-                      self.slow.list(prefix, delimiter))
+        fast = self._listed(lambda s: s.list(prefix, delimiter))
+        try:
+            slow = self.slow.list(prefix, delimiter)
+        except StoreError as e:
+            if e.permanent:
+                raise
+            raise PartialListing(str(e), fast.objects, fast.prefixes) from e
+        return _union(fast, slow)
 
     def list_entry(self, prefix: str, name: str) -> Listing:
-        return _union(self._listed(lambda s: s.list_entry(prefix, name)),
-                      self.slow.list_entry(prefix, name))
+        fast = self._listed(lambda s: s.list_entry(prefix, name))
+        try:
+            slow = self.slow.list_entry(prefix, name)
+        except StoreError as e:
+            if e.permanent or not (fast.objects or fast.prefixes):
+                raise
+            return fast  # the slow tier unreachable: the entry exists, as the fast tier has it
+        return _union(fast, slow)
 
     def _listed(self, call: Callable[[Store], Listing]) -> Listing:
         """The fast tier's listing; an empty one where it is unusable."""

@@ -160,15 +160,18 @@ def fail_all(method: str, path: str) -> bool:
 
 def test_the_store_unreachable_keeps_saves_in_the_fast_tier(
         proxy: FaultProxy, seaweed: SeaweedServer, tmp_path: Path, nodes: Nodes) -> None:
-    """Every request to SeaweedFS fails (503): a save of step-2 raises nothing, `sync
-    --fast` returns, the files read back byte for byte and list, the fast tier stays
-    usable; once the store answers again, `ckptfs sync` returns and a node without the
-    fast tier reads everything from S3."""
+    """Every request to SeaweedFS fails (503): a save of step-2 on node a raises nothing,
+    `sync --fast` returns, node b (same fast tier, mounted before) lists step-2 and reads
+    it byte for byte from the fast tier, the fast tier stays usable; once the store
+    answers again, `ckptfs sync` returns and a node without the fast tier reads
+    everything from S3."""
     url = f"s3://{seaweed.new_bucket()}/job"
     fast = tmp_path / "fast"
     fast.mkdir()
-    a = nodes.mount(url, tmp_path, "a", "--endpoint-url", proxy.endpoint, "--chunk-size", "1M",
-                    "--fast-tier", str(fast), env={**os.environ, "CKPTFS_FAST_LEASE": "2"})
+    common = ["--endpoint-url", proxy.endpoint, "--chunk-size", "1M", "--fast-tier", str(fast)]
+    env = {**os.environ, "CKPTFS_FAST_LEASE": "2"}
+    a = nodes.mount(url, tmp_path, "a", *common, env=env)
+    b = nodes.mount(url, tmp_path, "b", *common, env=env)
     files = save(a, 1)
     run_cli("sync", str(a.path), "--timeout", "60")
 
@@ -176,9 +179,9 @@ def test_the_store_unreachable_keeps_saves_in_the_fast_tier(
     files.update(save(a, 2))
     r = run_cli("sync", "--fast", str(a.path), "--timeout", "60")
     assert r.stdout.startswith("fast-durable: everything closed"), r.stdout
-    assert sorted(os.listdir(a / "step-2")) == ["meta.json", "model.bin"]
+    assert sorted(os.listdir(b / "step-2")) == ["meta.json", "model.bin"]
     for name, data in files.items():
-        assert (a / name).read_bytes() == data, name
+        assert (b / name).read_bytes() == data, name
     st = a.status()
     assert st["fast_usable"] is True and not st["durable"] and st["fast_durable"], st
     assert LocalStore(fast).head(manifests.file_key("step-2/model.bin")) is not None
@@ -186,6 +189,7 @@ def test_the_store_unreachable_keeps_saves_in_the_fast_tier(
     proxy.refuse(503, b"", lambda method, path: False)
     run_cli("sync", str(a.path), "--timeout", "120")
     a.umount()
+    b.umount()
     c = nodes.mount(url, tmp_path, "c", "--endpoint-url", seaweed.endpoint)
     for name, data in files.items():
         assert (c / name).read_bytes() == data, name
