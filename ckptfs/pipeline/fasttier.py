@@ -594,9 +594,16 @@ class Mover:
     def _move_records(self, records: list[Record], moved: list[Op]) -> None:
         """In a thread: move `records` (this mount's, ready, in order) while this mount
         holds its queue's lease; each moved op is appended to `moved`."""
-        if not self.fast_usable() and not self.fast_mounted():
-            return  # its records are hidden: never taken for moved
-        if not self._hold_own():
+        if not self.fast_usable():
+            if not self.fast_mounted():
+                return  # its records are hidden: never taken for moved
+            # this mount may not renew its lease (a read-only tier): another node's mover
+            # may have taken the queue and moved some, in order, meanwhile
+            while records and self.replayer.read(records[0].key) is None:
+                if not self.fast_mounted():
+                    return
+                self._moved(records.pop(0), moved)
+        if not records or not self._hold_own():
             return
         self.replayer.keep_alive = self._hold_own
         for record in records:
@@ -605,10 +612,13 @@ class Mover:
                 return  # or the tier was unmounted meanwhile
             if current is not None:
                 self.replayer.move(current)
-            with self._own_lock:
-                del self.own[record.op.seq]
-            moved.append(record.op)
-            self._trim_due = True
+            self._moved(record, moved)
+
+    def _moved(self, record: Record, moved: list[Op]) -> None:
+        with self._own_lock:
+            del self.own[record.op.seq]
+        moved.append(record.op)
+        self._trim_due = True
 
     def _move_others(self) -> None:
         now = self.leases.store_now()

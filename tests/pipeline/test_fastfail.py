@@ -229,3 +229,27 @@ def test_chunks_follow_and_one_warning_per_episode(tier: Tier,
     assert tier.health.direct_bytes == 9 and tier.health.episodes == 1
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "unusable (ENOSPC" in lines[0] and "usable again" in lines[1]
+
+
+def test_ops_wait_until_another_nodes_mover_has_the_queue(tier: Tier) -> None:
+    """On a read-only tier this mount can neither renew its lease nor delete a record it
+    moved: its next op waits; once another node's mover has moved the queue, this mount's
+    mover sees its records gone, and the op goes straight to the object store."""
+    tier.recorder.before_apply([Op(3, "put_dir", "d", body=b"")])
+    tier.fast.broken = errno.EROFS
+    tier.health.down("read-only")
+    later = [Op(4, "put_dir", "e", body=b"")]
+    with pytest.raises(Deferred):
+        tier.direct.route(later)
+    moved: list[Op] = []
+    with pytest.raises(PermanentStoreError):  # its lease: the mover's loop retries quietly
+        tier.mover._move_records(list(tier.mover.own.values()), moved)
+    assert moved == [] and tier.mover.own_seqs() == [3]
+    with pytest.raises(Deferred):
+        tier.direct.route(later)
+    tier.fast.broken = None
+    move_all(tier.fast, tier.slow, QUEUE)  # another node's mover, which can delete
+    tier.fast.broken = errno.EROFS
+    tier.mover._move_records(list(tier.mover.own.values()), moved)
+    assert [op.seq for op in moved] == [3] and tier.mover.own_seqs() == []
+    assert tier.direct.route(later) is not None
