@@ -68,6 +68,8 @@ class Tier:
         self.fast.put(manifests.INFO_KEY, b"{}")
         self.health = Health(self.fast, "fast", QUEUE)
         self.mover = Mover(self.fast, self.slow, QUEUE, lambda seq: True, lambda h: False)
+        self.mover.fast_usable, self.mover.fast_failed = self.health.is_usable, self.health.judge
+        self.mover.fast_mounted = self.health.marker
         self.direct = Direct(self.fast, self.slow, self.health, self.mover)
         self.recorder = Recorder(self.fast, QUEUE, 0.0, self.mover.recorded)
         self.recorder.fast_failed, self.recorder.mounted = self.health.judge, self.health.marker
