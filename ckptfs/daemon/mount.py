@@ -397,8 +397,7 @@ class Daemon:
             store = TimedStore(p.store, store_requests)
         slow = uploads = store
         if p.fast is not None:  # everything written goes to the fast tier first
-            store = TieredStore(p.fast, slow, manifests.FILES, fasttier.newer_manifest,
-                                fast_only=(manifests.INTENTS,))
+            store = fasttier.view(p.fast, slow)
             # the uploader deduplicates against the fast tier alone: every chunk a pending
             # manifest adds is there for the mover, whatever gc does meanwhile
             uploads = TieredStore(p.fast, slow, fast_heads=(manifests.CHUNKS,))
