@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,18 +29,14 @@ DRAIN_EPILOG = ("example (a SLURM epilog): ckptfs drain s3://bucket/run7 --fast-
 
 
 def cmd_drain(a: argparse.Namespace) -> int:
-    fast_url = a.fast_tier or os.environ.get("CKPTFS_FAST_TIER", "")
-    if not fast_url:
-        raise UsageError("give the fast tier: --fast-tier DIR (or CKPTFS_FAST_TIER)")
     from ckptfs.common.config import check_glob
     from ckptfs.common.errors import ConfigError
     from ckptfs.pipeline import fastkeep, fasttier
 
     target = open_target(a, whole_store=True)
-    try:
-        fast = fasttier.attach(fast_url, target.store)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
+    fast, store = target.fast, target.object_store()
+    if fast is None:
+        raise UsageError("give the fast tier: --fast-tier DIR (or CKPTFS_FAST_TIER)")
     if a.fast_keep < 1:
         raise UsageError(f"--fast-keep must be 1 or more, not {a.fast_keep}")
     if a.keep_pattern is not None:
@@ -63,8 +58,8 @@ def cmd_drain(a: argparse.Namespace) -> int:
 
         last: list[Any] = []
         try:
-            done = fasttier.drain(fast, target.store, show, deadline)
-            trimmed = (fastkeep.trim(fast, target.store, a.fast_keep, a.keep_pattern)
+            done = fasttier.drain(fast, store, show, deadline)
+            trimmed = (fastkeep.trim(fast, store, a.fast_keep, a.keep_pattern)
                        if done else None)
         finally:
             fast.close()
@@ -73,7 +68,7 @@ def cmd_drain(a: argparse.Namespace) -> int:
         raise CliError(f"drain: {s.left} records still in the fast tier after "
                        f"{a.timeout:g}s; run it again")
     print(f"drained: {s.moved.records} records moved ({s.moved.chunks} chunks, "
-          f"{human(s.moved.chunk_bytes)}); everything in {fast_url} is in {target.store.url}"
+          f"{human(s.moved.chunk_bytes)}); everything in {fast.url} is in {store.url}"
           + (f"; {s.moved.lost} chunks were lost (see above)" if s.moved.lost else ""))
     if trimmed is not None and trimmed.checkpoints:
         print(f"removed from the fast tier: {trimmed.manifests} manifests and "
@@ -85,8 +80,6 @@ def cmd_drain(a: argparse.Namespace) -> int:
 def add_drain_parser(sub: Any) -> None:
     p = add_command(sub, "drain", cmd_drain, DRAIN_HELP, DRAIN_DESCRIPTION, DRAIN_EPILOG)
     add_target(p, "the store (its URL, or a path in a mount of it)")
-    p.add_argument("--fast-tier", metavar="DIR", help="the fast tier the mounts used "
-                   "(default: $CKPTFS_FAST_TIER)")
     p.add_argument("--fast-keep", type=int, default=2, metavar="N", help="then remove from "
                    "the fast tier what the store has, but for the newest N checkpoint "
                    "directories (and the newest complete one), as a mount's --fast-keep "
@@ -98,5 +91,5 @@ def add_drain_parser(sub: Any) -> None:
                    "seconds (exit 1)")
     p.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds "
                    "between two progress lines when stderr is not a terminal (default 5)")
-    add_store_options(p, json=False)
+    add_store_options(p, json=False, fast_tier="the one to drain")
     p.set_defaults(error_exit=2)

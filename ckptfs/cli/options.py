@@ -55,11 +55,16 @@ def add_dry_run(p: argparse.ArgumentParser, done: str) -> None:
                    help=f"change nothing, say what would be {done}")
 
 
-def add_store_options(p: argparse.ArgumentParser, json: bool = True) -> None:
+def add_store_options(p: argparse.ArgumentParser, json: bool = True,
+                      fast_tier: str | None = None) -> None:
     """--json (unless not `json`), --endpoint-url and --region of a store tool, which exits
-    2 when it cannot work."""
+    2 when it cannot work; --fast-tier DIR too where `fast_tier` says what it does there."""
     if json:
         p.add_argument("--json", action="store_true", help="machine-readable output")
+    if fast_tier is not None:
+        p.add_argument("--fast-tier", metavar="DIR", help=f"the fast tier the mounts of "
+                       f"STORE use (their --fast-tier): {fast_tier} (default: "
+                       f"$CKPTFS_FAST_TIER; with a mounted path, the mount's)")
     p.add_argument("--endpoint-url", help=TOOL_ENDPOINT_HELP)
     p.add_argument("--region", help=REGION_HELP)
     p.set_defaults(error_exit=EXIT_ERROR)

@@ -43,10 +43,17 @@ def mount_of(path: str) -> str:
 class Target:
     """What a store tool works on: a store, a path in its filesystem, how to show paths."""
 
-    store: Store
+    store: Store  # with a fast tier: the view of both tiers (fasttier.view)
     path: str
     mountpoint: str | None = None  # set when the user named a path inside a mount
     store_arg: str = ""  # the store as the user named it, cut at its root (hints)
+    fast: Store | None = None  # the fast tier (--fast-tier), where the tool takes one
+    slow: Store | None = None  # with a fast tier: the object store alone
+    fast_url: str = ""  # the fast tier of the mount the user named a path in, if any
+
+    def object_store(self) -> Store:
+        """The store without its fast tier."""
+        return self.slow if self.slow is not None else self.store
 
     def show(self, path: str) -> str:
         """`path` (relative to the filesystem root) as the user would name it."""
@@ -97,7 +104,32 @@ def open_target(a: argparse.Namespace, path_arg: str | None = None,
     """Open the store of `a.target`: a path inside a ckptfs mount, or a store URL, or a
     URL below a store (its path there, as git finds .git: locate.py), and PATH after it.
     With `whole_store` (gc, fsck, upgrade), a URL below a store is refused with the
-    command that works."""
+    command that works. A tool that takes --fast-tier gets the fast tier too."""
+    target = _open_target(a, path_arg, whole_store)
+    if hasattr(a, "fast_tier"):
+        _open_fast_tier(a, target)
+    return target
+
+
+def _open_fast_tier(a: argparse.Namespace, target: Target) -> None:
+    """The fast tier of --fast-tier, $CKPTFS_FAST_TIER or the mount's, into `target`
+    (its `store` becomes the view of both tiers); UsageError for one of another store."""
+    url = a.fast_tier or (target.fast_url if target.mountpoint is not None
+                          else os.environ.get("CKPTFS_FAST_TIER", ""))
+    if not url:
+        return
+    from ckptfs.common.errors import ConfigError
+    from ckptfs.pipeline import fasttier  # opening a store: see the top of this module
+
+    try:
+        fast = fasttier.attach(url, target.store, create=a.command == "drain")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    target.fast, target.slow = fast, target.store
+    target.store = fasttier.view(fast, target.store)
+
+
+def _open_target(a: argparse.Namespace, path_arg: str | None, whole_store: bool) -> Target:
     mounted = mounted_path(a.target)
     if mounted is not None:
         if path_arg:
@@ -152,4 +184,4 @@ def _mounted_target(a: argparse.Namespace, mountpoint: str, path: str) -> Target
     shown = os.path.abspath(a.target)
     if path:
         shown = shown[:-len(path) - 1] if shown.endswith("/" + path) else mountpoint
-    return Target(store, path, shown, shown)
+    return Target(store, path, shown, shown, fast_url=str(st.get("fast_tier") or ""))

@@ -403,8 +403,7 @@ class Daemon:
             assert cfg.fast_tier is not None
             health = fastfail.Health(p.fast, cfg.fast_tier,
                                      f"{cfg.node_id}-{p.journal.get_meta('cache_id')}")
-            view = TieredStore(p.fast, slow, manifests.FILES, fasttier.newer_manifest,
-                               fast_only=(manifests.INTENTS,))
+            view = fasttier.view(p.fast, slow)
             # the uploader deduplicates against the fast tier alone: every chunk a pending
             # manifest adds is there for the mover, whatever gc does meanwhile; while the
             # fast tier is unusable, its chunks go to the object store (fastfail.py)

@@ -49,6 +49,7 @@ from ckptfs.pipeline.journal import Journal, Op
 from ckptfs.pipeline.publisher import Publisher, RetryingStore
 from ckptfs.store import LocalStore, open_store
 from ckptfs.store.base import Store
+from ckptfs.store.tiered import TieredStore
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +132,11 @@ def newer_manifest(fast: bytes, slow: bytes) -> bool:
     return manifests.generation(fast) >= manifests.generation(slow)
 
 
-def attach(url: str, store: Store) -> Store:
+def attach(url: str, store: Store, create: bool = True) -> Store:
     """The fast tier at `url` (a directory store) for `store`: its ckptfs.json a copy of
-    the store's, written at first use; ConfigError when it is not a directory or holds
-    another store's."""
+    the store's, written at first use (unless not `create`: a tool that only looks);
+    ConfigError when it is not a directory, holds another store's, or (not `create`)
+    holds none."""
     try:
         fast = open_store(url)
     except ConfigError as e:
@@ -148,6 +150,10 @@ def attach(url: str, store: Store) -> Store:
         present: bytes | None = fast.get_record(manifests.INFO_KEY)
     except NotFoundError:
         present = None
+    if present is None and not create:
+        fast.close()
+        raise ConfigError(f"--fast-tier {url} is not a fast tier of {store.url} (no "
+                          f"{manifests.INFO_KEY} there): give the --fast-tier its mounts use")
     if present is None and not fast.put_if_absent(manifests.INFO_KEY, info):
         present = fast.get_record(manifests.INFO_KEY)
     if present is not None and present != info:
@@ -155,6 +161,13 @@ def attach(url: str, store: Store) -> Store:
         raise ConfigError(f"--fast-tier {url} belongs to another store (its ckptfs.json "
                           f"differs from {store.url}'s): give each store its own")
     return fast
+
+
+def view(fast: Store, slow: Store) -> TieredStore:
+    """What readers see of a store with a fast tier: both tiers, a manifest both hold at
+    its higher generation, rename intents from the fast tier alone."""
+    return TieredStore(fast, slow, manifests.FILES, newer_manifest,
+                       fast_only=(manifests.INTENTS,))
 
 
 # -- the fast tier's side of a publish ---------------------------------------------------
