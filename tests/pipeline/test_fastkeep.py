@@ -15,7 +15,7 @@ from support import random_bytes
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.pipeline import fasttier
-from ckptfs.pipeline.fastkeep import trim
+from ckptfs.pipeline.fastkeep import Retention, trim
 from ckptfs.pipeline.fasttier import Record
 from ckptfs.pipeline.journal import Op
 from ckptfs.store.local import LocalStore
@@ -143,3 +143,77 @@ def test_nothing_the_store_lacks_leaves_the_fast_tier(
     assert read(view, "step-3/extra.pt") == again
     assert read(view, "step-4/opt.pt") == again
     assert read(view, "step-5/model.pt") == files["step-5/model.pt"]
+
+
+def held(fast: LocalStore) -> int:
+    """The fast tier's bytes as --fast-size counts them: chunks and manifests."""
+    return sum(i.size for p in (manifests.CHUNKS, manifests.FILES) for i in fast.scan(p))
+
+
+def test_fast_size_trims_the_kept_checkpoints_oldest_first_until_they_fit(
+        tiers: tuple[LocalStore, LocalStore]) -> None:
+    """--fast-keep 8 keeps all 8 steps; --fast-size a little less than the 8 hold takes
+    the oldest ones out, oldest first, until the rest fits: step-1 and step-2 only (step-3
+    stays since step-1 and step-2's own bytes are enough); every step still reads byte for
+    byte through both tiers."""
+    fast, slow = tiers
+    files = save_steps(fast)
+    move_all(fast, slow, "a")
+    before = held(fast)
+    own = {s: held_by(fast, s) for s in range(1, 9)}
+    limit = before - own[1] - own[2] + 1
+    done = trim(fast, slow, keep=8, size=limit)
+    paths, _ = fast_state(fast)
+    assert {p.partition("/")[0] for p in paths} == {f"step-{s}" for s in range(3, 9)}
+    assert (done.over, done.held) == (0, held(fast)) and held(fast) <= limit
+    view = TieredStore(fast, slow, manifests.FILES, fasttier.newer_manifest)
+    for path, data in files.items():
+        assert read(view, path) == data, path
+
+
+def held_by(fast: LocalStore, step: int) -> int:
+    """The bytes that trimming step `step` alone frees: its manifests and own chunks."""
+    names = {f"step-{step}/model.pt", f"step-{step}/opt.pt"}
+    others = named_by(fast, {p for p in fast_state(fast)[0]} - names)
+    mine = named_by(fast, names) - others
+    return (sum(fast.head(file_key(p)) or 0 for p in names)
+            + sum(fast.head(manifests.chunk_key(h)) or 0 for h in mine))
+
+
+def test_fast_size_never_takes_the_newest_complete_nor_anything_pending(
+        tiers: tuple[LocalStore, LocalStore], caplog: pytest.LogCaptureFixture) -> None:
+    """--fast-size 0: step-3 (a pending record of another queue names a file in it) and
+    step-8 (the newest complete) stay, with their chunks; the trim says how much is over,
+    and a mount's Retention logs that once, not at every trim."""
+    fast, slow = tiers
+    save_steps(fast)
+    again = random_bytes(1500)
+    publish(fast, "b", 1, "step-3/extra.pt", [again], 30)
+    move_all(fast, slow, "a")
+    done = trim(fast, slow, keep=1, size=0)
+    paths, chunks = fast_state(fast)
+    assert {p.partition("/")[0] for p in paths} == {"step-3", "step-8"}
+    assert codec.chunk_hash(again) in chunks and codec.chunk_hash(SHARED) in chunks
+    assert done.held == held(fast) == done.over > 0
+    retention = Retention(fast, slow, 1, 0, None)
+    for _ in range(3):
+        retention()
+    over = [r for r in caplog.records if "more than --fast-size" in r.getMessage()]
+    assert len(over) == 1, caplog.text
+    move_all(fast, slow, "b")  # once moved, step-3 fits the rule: only step-8 stays
+    assert retention().over
+    assert {p.partition("/")[0] for p in fast_state(fast)[0]} == {"step-8"}
+    assert len([r for r in caplog.records if "more than --fast-size" in r.getMessage()]) == 1
+
+
+def test_fast_keep_and_fast_size_both_apply(tiers: tuple[LocalStore, LocalStore]) -> None:
+    """--fast-keep 3 with a --fast-size the 8 steps fit in: the keep rule alone acts
+    (step-6 to step-8 stay); with one that 3 steps do not fit in, step-6 goes too."""
+    fast, slow = tiers
+    save_steps(fast)
+    move_all(fast, slow, "a")
+    trim(fast, slow, keep=3, size=held(fast))
+    assert {p.partition("/")[0] for p in fast_state(fast)[0]} == {"step-6", "step-7",
+                                                                  "step-8"}
+    trim(fast, slow, keep=3, size=held(fast) - 1)
+    assert {p.partition("/")[0] for p in fast_state(fast)[0]} == {"step-7", "step-8"}
