@@ -102,8 +102,8 @@ def cmd_ls(a: argparse.Namespace) -> int:
     from ckptfs.tools import trash  # the trash tool: see the top
 
     t = _target(a)
-    found = trash.entries(t.store, t.path)
-    trash.read_sizes(t.store, found)
+    found = trash.entries(t.object_store(), t.path)  # a fast tier keeps no trash
+    trash.read_sizes(t.object_store(), found)
     items = trash.items(found)
     if a.json:
         print(json.dumps({"store": t.store.url, "path": t.path,
@@ -149,8 +149,15 @@ def cmd_restore(a: argparse.Namespace) -> int:
     if not t.path:
         raise CliError("name what to restore: a deleted file or directory (ckptfs trash ls "
                        "lists them)")
-    r = trash.restore(t.store, t.path, _destination(a, t), dry_run=a.dry_run,
-                      version=a.version)
+    store, busy = t.store, None
+    if t.fast is not None:  # into the store (every reader sees it), never over a pending change
+        from ckptfs.pipeline.fasttools import BothTiers  # the trash tool: see the top
+
+        tiers = BothTiers(t.fast, t.object_store())
+        tiers.pending_paths()  # a damaged pending record: nothing is done
+        store, busy = tiers.restore_store(), tiers.pending
+    r = trash.restore(store, t.path, _destination(a, t), dry_run=a.dry_run,
+                      version=a.version, busy=busy)
     if a.json:
         print(json.dumps(r.to_dict(), indent=1))
         return 1 if r.skipped else 0
@@ -176,7 +183,7 @@ def cmd_empty(a: argparse.Namespace) -> int:
     from ckptfs.tools import trash  # the trash tool: see the top
 
     t = _target(a)
-    gone = trash.empty(t.store, t.path, dry_run=a.dry_run)
+    gone = trash.empty(t.object_store(), t.path, dry_run=a.dry_run)
     files = [e for e in gone if not e.is_dir]
     if a.json:
         print(json.dumps({"store": t.store.url, "path": t.path, "dry_run": a.dry_run,
@@ -200,13 +207,15 @@ def add_trash_parser(sub: Any) -> None:
     ls = add_command(verbs, "ls", cmd_ls, "what the trash holds", TRASH_LS_DESCRIPTION,
                      TRASH_LS_EPILOG)
     add_target(ls, "mounted path, or STORE", "path", under)
-    add_store_options(ls)
+    add_store_options(ls, fast_tier="taken, and ignored: the trash is in the store alone")
 
     rs = add_command(verbs, "restore", cmd_restore, "put a deleted file or directory back",
                      TRASH_RESTORE_DESCRIPTION, TRASH_RESTORE_EPILOG)
     add_target(rs, "mounted path, or STORE", "path",
                "with STORE: the deleted file or directory, from the filesystem root")
-    add_store_options(rs)
+    add_store_options(rs, fast_tier="a name that exists in either tier is not overwritten, "
+                      "and one with changes still pending there is left in the trash (a "
+                      "mover would undo the restore)")
     rs.add_argument("--to", metavar="DEST", help="restore there instead: a path from the "
                     "filesystem root (with a leading / or not), or a path inside the "
                     "same mount; never over a file that exists")
@@ -220,5 +229,5 @@ def add_trash_parser(sub: Any) -> None:
     em = add_command(verbs, "empty", cmd_empty, "delete what the trash holds now",
                      TRASH_EMPTY_DESCRIPTION, TRASH_EMPTY_EPILOG)
     add_target(em, "mounted path, or STORE", "path", under)
-    add_store_options(em)
+    add_store_options(em, fast_tier="taken, and ignored: the trash is in the store alone")
     add_dry_run(em, "deleted")

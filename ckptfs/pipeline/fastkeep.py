@@ -69,7 +69,7 @@ def checkpoint_of(path: str, is_dir: bool, pattern: str | None) -> str | None:
     return None
 
 
-def _pending(fast: Store) -> tuple[set[str], set[str]] | None:
+def pending_names(fast: Store) -> tuple[set[str], set[str]] | None:
     """The paths and chunks that pending records name; None when one is damaged (what it
     names is unknown, so nothing is removed)."""
     paths: set[str] = set()
@@ -94,7 +94,7 @@ def _chunks(body: bytes) -> set[str]:
         return set()  # a symlink, or damaged: names no chunk
 
 
-def _touches(cp: str, paths: set[str]) -> bool:
+def touches(cp: str, paths: set[str]) -> bool:
     return any(p == cp or p.startswith(cp + "/") or cp.startswith(p + "/") for p in paths)
 
 
@@ -108,7 +108,7 @@ def trim(fast: Store, slow: Store, keep: int = DEFAULT_KEEP,
     check fails; a reader that misses it in the fast tier reads the object store's, which
     the check found as new."""
     done = Trimmed()
-    pending = _pending(fast)
+    pending = pending_names(fast)
     if pending is None:
         log.warning("fast tier not trimmed: a pending record is damaged")
         return done
@@ -138,7 +138,7 @@ def trim(fast: Store, slow: Store, keep: int = DEFAULT_KEEP,
             log.warning("fast tier not trimmed in %r: %s", parent or "/", e)
             continue
         for rank, c in reversed(list(enumerate(result.checkpoints))):  # oldest first
-            if c.keep or c.path not in cps or _touches(c.path, pending_paths):
+            if c.keep or c.path not in cps or touches(c.path, pending_paths):
                 continue
             if rank >= keep:
                 by_keep.append(c.path)
