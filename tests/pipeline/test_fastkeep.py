@@ -9,19 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import move_all
+from pipeline_helpers import (
+    SHARED,
+    fast_state,
+    move_all,
+    named_by,
+    publish,
+    read,
+    save_steps,
+)
 from support import random_bytes
 
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.pipeline import fasttier
 from ckptfs.pipeline.fastkeep import Retention, trim
-from ckptfs.pipeline.fasttier import Record
-from ckptfs.pipeline.journal import Op
 from ckptfs.store.local import LocalStore
 from ckptfs.store.tiered import TieredStore
-
-SHARED = random_bytes(3000)  # a chunk every step names (dedup across checkpoints)
 
 
 @pytest.fixture
@@ -29,55 +33,6 @@ def tiers(tmp_path: Path) -> tuple[LocalStore, LocalStore]:
     (tmp_path / "fast").mkdir()
     (tmp_path / "slow").mkdir()
     return LocalStore(tmp_path / "fast"), LocalStore(tmp_path / "slow")
-
-
-def publish(fast: LocalStore, queue: str, seq: int, path: str, chunks: list[bytes],
-            gen: int) -> bytes:
-    """A closed file as a fast-tier mount leaves it: chunks, manifest, pending record."""
-    named = []
-    for data in chunks:
-        h = codec.chunk_hash(data)
-        fast.put_parts(manifests.chunk_key(h), codec.encode_chunk_parts(data, "zstd4")[0])
-        named.append((h, len(data)))
-    body = manifests.with_generation(Manifest(sum(len(c) for c in chunks), 0o100644, 0,
-                                              tuple(named), writer=queue).to_json(), gen)
-    fast.put(file_key(path), body)
-    fast.put(fasttier.record_key(queue, seq),
-             Record(queue, Op(seq, "put_file", path, body=body)).to_json())
-    return body
-
-
-def save_steps(fast: LocalStore, queue: str = "a") -> dict[str, bytes]:
-    """step-1 .. step-8, two files each: model.pt (the shared chunk and its own) and
-    opt.pt (its own); the files' contents by path."""
-    files = {}
-    for step in range(1, 9):
-        own, opt = random_bytes(2000 + step), random_bytes(1000 + step)
-        publish(fast, queue, 2 * step - 1, f"step-{step}/model.pt", [SHARED, own], step)
-        publish(fast, queue, 2 * step, f"step-{step}/opt.pt", [opt], step)
-        files[f"step-{step}/model.pt"] = SHARED + own
-        files[f"step-{step}/opt.pt"] = opt
-    return files
-
-
-def fast_state(fast: LocalStore) -> tuple[set[str], set[str]]:
-    """The fast tier's manifests (paths) and chunks (names)."""
-    paths = {manifests.path_of_key(i.key) for i in fast.scan(manifests.FILES)}
-    chunks = {manifests.chunk_name(i.key) or "" for i in fast.scan(manifests.CHUNKS)}
-    return paths, chunks
-
-
-def named_by(fast: LocalStore, paths: set[str]) -> set[str]:
-    return {h for p in paths for h, _ in Manifest.from_json(fast.get(file_key(p))).chunks}
-
-
-def read(view: TieredStore, path: str) -> bytes:
-    m = Manifest.from_json(view.get(file_key(path)))
-    out = b""
-    for h, _ in m.chunks:
-        with codec.decoded(view.get(manifests.chunk_key(h)), h) as data:
-            out += bytes(data)
-    return out
 
 
 def test_the_fast_tier_keeps_the_newest_two_once_the_store_has_everything(

@@ -10,15 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import move_all
+from pipeline_helpers import SHARED, fast_state, move_all, publish, read, save_steps
 from support import random_bytes
-from test_fastkeep import SHARED, fast_state, publish, read, save_steps
 
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, StoreInfo, file_key
 from ckptfs.pipeline import fasttier
 from ckptfs.pipeline.fastkeep import trim
 from ckptfs.pipeline.fasttools import BothTiers, FastGc
+from ckptfs.pipeline.journal import Op
+from ckptfs.store.base import Store
 from ckptfs.store.local import LocalStore
 from ckptfs.tools import gc, retention, trash
 
@@ -34,7 +35,7 @@ def tiers(tmp_path: Path) -> tuple[LocalStore, LocalStore]:
     return fast, slow
 
 
-def steps(store: LocalStore | fasttier.TieredStore) -> set[str]:
+def steps(store: Store) -> set[str]:
     return {p for p in store.list(manifests.FILES).prefixes}
 
 
@@ -91,7 +92,7 @@ def test_a_checkpoint_with_pending_changes_is_kept_and_not_restored_over(
     assert "files/step-2/" not in steps(view) and "files/step-2/" not in steps(slow)
 
     fast.put(fasttier.record_key("c", 1), fasttier.Record(
-        "c", fasttier.Op(1, "delete_dir", "step-1")).to_json())
+        "c", Op(1, "delete_dir", "step-1")).to_json())
     r2 = trash.restore(both.restore_store(), "step-1", busy=both.pending)
     assert not r2.restored and all("pending in the fast tier" in why for _, why in r2.skipped)
     assert "files/step-1/" not in steps(view)
@@ -111,7 +112,7 @@ def test_gc_keeps_what_the_fast_tier_needs_and_clears_what_nothing_names(
                                               ((kept, len(kept_data)),)).to_json(), 9)
     fast.put(file_key("run/a.pt"), body)
     fast.put(fasttier.record_key("q", 1),
-             fasttier.Record("q", fasttier.Op(1, "put_file", "run/a.pt", body=body)).to_json())
+             fasttier.Record("q", Op(1, "put_file", "run/a.pt", body=body)).to_json())
     publish(fast, "q", 2, "run/b.pt", [SHARED], 10)  # in the fast tier only, referenced
     orphans = {}
     for data in (orphan_data, moved_data):
