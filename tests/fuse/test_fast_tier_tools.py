@@ -69,7 +69,8 @@ def test_prune_restore_and_gc_with_a_fast_tier(seaweed: SeaweedServer, tmp_path:
     run_cli("trash", "restore", str(a / "step-2"))
     c = nodes.mount(url, tmp_path, "c", *endpoint)
     for node in (a, b, c):
-        wait_until(lambda node=node: (node / "step-2").is_dir(), 10, f"{node.path} sees step-2")
+        step_2 = node / "step-2"
+        wait_until(step_2.is_dir, 10, f"{node.path} sees step-2")
         for name in ("step-2/model.bin", "step-2/meta.json", "step-5/model.bin"):
             assert (node / name).read_bytes() == files[name], (node.path, name)
 
