@@ -190,7 +190,7 @@ def _trim_to_size(fast: Store, slow: Store, size: int, order: list[tuple[int, st
     """Trim the checkpoints of `order` (oldest first) while the fast tier holds more than
     `size` bytes; what it still holds above it is `done.over`."""
     held, sizes = _held(fast)
-    named = _named(fast) if held > size else {}
+    named = _named(fast) if held > size and order else {}
     for _, cp in order:
         if held <= size:
             break
