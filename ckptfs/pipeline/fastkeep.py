@@ -195,11 +195,9 @@ def _trim_to_size(fast: Store, slow: Store, size: int, order: list[tuple[int, st
         if held <= size:
             break
         before = (done.manifests, done.chunk_bytes)
-        for key in keys[cp]:
-            if not key.endswith("/"):
-                held -= fast.head(key) or 0
+        held -= sum(fast.head(k) or 0 for k in keys[cp])
         gone = _trim_checkpoint(fast, slow, keys[cp], done)
-        held += sum(fast.head(k) or 0 for k in keys[cp] if not k.endswith("/"))  # put back
+        held += sum(fast.head(k) or 0 for k in keys[cp])  # what stayed, or was put back
         for h in gone:
             named[h] = named.get(h, 1) - 1
         for h in sorted(gone):

@@ -88,7 +88,8 @@ def test_fast_size_keeps_the_fast_tier_small(seaweed: SeaweedServer, tmp_path: P
                                              nodes: Nodes) -> None:
     """--fast-keep 8 --fast-size 1M, 5 steps of 1 MiB each: once S3 has them, the fast
     tier holds step-5 alone (the newest complete; more than 1 MiB, so the log says once
-    that what must stay is over the size); every step reads byte for byte on a new node."""
+    that what must stay is over the size, and `drain --fast-size 1M` prints it); every
+    step reads byte for byte on a new node."""
     url = f"s3://{seaweed.new_bucket()}/job"
     fast = tmp_path / "fast"
     fast.mkdir()
@@ -105,6 +106,10 @@ def test_fast_size_keeps_the_fast_tier_small(seaweed: SeaweedServer, tmp_path: P
         assert (a / name).read_bytes() == data, name
     a.umount()
     assert a.log().count("more than --fast-size") == 1, a.log()
+    r = run_cli("drain", url, *common, "--fast-keep", "8", "--fast-size", "1M",
+                "--interval", "0", env=env)
+    assert "the fast tier still holds" in r.stdout and "more than --fast-size 1M" in r.stdout
+    assert steps_in(tier) == {"step-5"}
     b = nodes.mount(url, tmp_path, "b", *common, env=env)
     for name, data in files.items():
         assert (b / name).read_bytes() == data, name
