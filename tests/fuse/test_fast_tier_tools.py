@@ -66,7 +66,9 @@ def test_prune_restore_and_gc_with_a_fast_tier(seaweed: SeaweedServer, tmp_path:
                "the writer's mount no longer lists step-1..3")
     assert sorted(os.listdir(b.path)) == ["step-4", "step-5"]
 
-    run_cli("trash", "restore", str(a / "step-2"))
+    r = run_cli("trash", "restore", url, "step-2", *endpoint, check=False)
+    assert r.returncode == 2 and "--fast-tier DIR" in r.stderr, r.stderr
+    run_cli("trash", "restore", str(a / "step-2"))  # the mount's fast tier
     c = nodes.mount(url, tmp_path, "c", *endpoint)
     for node in (a, b, c):
         step_2 = node / "step-2"
