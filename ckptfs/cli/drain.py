@@ -31,8 +31,13 @@ DRAIN_EPILOG = ("example (a SLURM epilog): ckptfs drain s3://bucket/run7 --fast-
 def cmd_drain(a: argparse.Namespace) -> int:
     from ckptfs.common.config import check_glob
     from ckptfs.common.errors import ConfigError
+    from ckptfs.common.units import parse_size
     from ckptfs.pipeline import fastkeep, fasttier
 
+    try:
+        size = None if a.fast_size is None else parse_size(a.fast_size, "--fast-size")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     target = open_target(a, whole_store=True)
     fast, store = target.fast, target.object_store()
     if fast is None:
@@ -59,7 +64,7 @@ def cmd_drain(a: argparse.Namespace) -> int:
         last: list[Any] = []
         try:
             done = fasttier.drain(fast, store, show, deadline)
-            trimmed = (fastkeep.trim(fast, store, a.fast_keep, a.keep_pattern)
+            trimmed = (fastkeep.trim(fast, store, a.fast_keep, a.keep_pattern, size)
                        if done else None)
         finally:
             fast.close()
@@ -74,6 +79,10 @@ def cmd_drain(a: argparse.Namespace) -> int:
         print(f"removed from the fast tier: {trimmed.manifests} manifests and "
               f"{trimmed.chunks} chunks ({human(trimmed.chunk_bytes)}) of "
               f"{trimmed.checkpoints} checkpoint directories the store has")
+    if trimmed is not None and trimmed.over:
+        print(f"the fast tier still holds {human(trimmed.held)}, more than --fast-size "
+              f"{a.fast_size}: the newest complete checkpoints, newer ones and files outside "
+              f"checkpoint directories stay")
     return 0
 
 
@@ -84,6 +93,10 @@ def add_drain_parser(sub: Any) -> None:
                    "the fast tier what the store has, but for the newest N checkpoint "
                    "directories (and the newest complete one), as a mount's --fast-keep "
                    "(default 2)")
+    p.add_argument("--fast-size", metavar="SIZE", help="then also remove what the store "
+                   "has of the checkpoints --fast-keep keeps, oldest first, while the fast "
+                   "tier holds more than SIZE (e.g. 500G), as a mount's --fast-size; never "
+                   "the newest complete checkpoint nor a newer one (default: no limit)")
     p.add_argument("--keep-pattern", metavar="GLOB", help="the names of the checkpoint "
                    "directories, as a mount's --keep-pattern (default: the top-level "
                    "directories)")

@@ -34,7 +34,10 @@ GC_DESCRIPTION = (
     "this machine's. So space comes back over two runs, e.g. daily with the default "
     "grace. Prints what it did (--json: the same as JSON); progress goes to stderr. "
     "Exit status: 0 done, 1 done but a referenced chunk was found missing, 2 the run "
-    "could not be done (it can be run again: every step is safe to repeat). "
+    "could not be done (it can be run again: every step is safe to repeat). With a fast "
+    "tier (--fast-tier, or the mount's), the chunks its manifests and pending records name "
+    "count as referenced too, and its chunks that nothing names and that are twice the "
+    "grace old leave it (copied into the store first where the store lacks them). "
     + WHOLE_STORE_HELP)
 GC_EPILOG = (
     "examples: ckptfs gc s3://bucket/run7 --dry-run | ckptfs gc "
@@ -77,6 +80,13 @@ def format_gc(r: GcReport) -> list[str]:
         f"{tally(r.fossilized)} {would}set aside as fossils, {tally(r.kept_chunks)} "
         f"unreferenced kept for the grace",
     ]
+    if r.fast_url:
+        lines.append(
+            f"fast tier    {r.fast_url}: {r.fast_manifests} manifests and {r.fast_records} "
+            f"pending records read (their chunks count as referenced); {tally(r.fast_chunks)}"
+            f" chunks: {tally(r.fast_freed)} {would}deleted (the store has them), "
+            f"{tally(r.fast_moved)} {would}copied into the store and deleted, "
+            f"{tally(r.fast_kept)} unreferenced kept (younger than twice the grace)")
     if r.trash_expired.count:
         lines.insert(1, f"trash        {r.trash_expired.count} entries {would}deleted: "
                         f"their trash time was up")
@@ -108,8 +118,14 @@ def cmd_gc(a: argparse.Namespace) -> int:
     grace = parse_duration(a.grace, "--grace")
     gc.check_grace(grace, a.no_writers)
     t = open_target(a, whole_store=True)
+    fast = None
+    if t.fast is not None:
+        from ckptfs.pipeline.fasttools import FastGc  # the collector: see the top
+
+        fast = FastGc(t.fast, t.object_store())
     with ProgressDisplay(quiet_start=True) as display:  # a run under 5 s logs no progress
-        r = gc.collect(t.store, grace, dry_run=a.dry_run, progress=gc_progress(display))
+        r = gc.collect(t.object_store(), grace, dry_run=a.dry_run,
+                       progress=gc_progress(display), fast=fast)
     if a.json:
         print(json.dumps(r.to_dict(), indent=1))
     else:
@@ -130,4 +146,5 @@ def add_gc_parser(sub: Any) -> None:
                    "to the end of the next one (e.g. all are unmounted): allows a grace "
                    "below 1h, 0 included")
     add_dry_run(g, "done")
-    add_store_options(g)
+    add_store_options(g, fast_tier="its references count too, and its unreferenced old "
+                      "chunks leave it")

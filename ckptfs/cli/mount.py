@@ -79,7 +79,10 @@ def mount(store: str, mountpoint: str, given: dict[str, Any]) -> int:
     rest from the environment or the defaults."""
     if not given.get("endpoint_url"):
         given["endpoint_url"] = os.environ.get("CKPTFS_ENDPOINT_URL") or default_endpoint(store)
-    cfg = MountConfig.from_options(store, os.path.abspath(mountpoint), given)
+    try:  # options that are malformed or do not go together: bad input, exit 2
+        cfg = MountConfig.from_options(store, os.path.abspath(mountpoint), given)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     check_mount_store(cfg)
     if cfg.keep_last is not None:
         from ckptfs.tools import retention  # the daemon's modules: see the top
@@ -87,7 +90,7 @@ def mount(store: str, mountpoint: str, given: dict[str, Any]) -> int:
         try:
             retention.check_policy(cfg.keep_last, cfg.keep_every)
         except retention.PolicyError as e:
-            raise CliError(str(e)) from None
+            raise UsageError(str(e)) from None
     from ckptfs.daemon import mount as daemon  # the daemon's modules: see the top
 
     if cfg.foreground:

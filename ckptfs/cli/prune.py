@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli.errors import CliError
+from ckptfs.cli.errors import CliError, UsageError
 from ckptfs.cli.options import (
     PATTERN_HELP,
     STORE_HELP,
@@ -20,7 +21,8 @@ from ckptfs.common.config import check_glob, trash_seconds
 from ckptfs.common.units import format_duration
 
 if TYPE_CHECKING:
-    from ckptfs.tools.retention import PruneResult
+    from ckptfs.store.base import Store
+    from ckptfs.tools.retention import Checkpoint, PruneResult
 
 # the tools are imported in cmd_prune: with the store modules they import (numpy, trio)
 # `ckptfs status --help` would take 0.24 s, not 0.07
@@ -40,7 +42,11 @@ PRUNE_DESCRIPTION = (
     "trash restore undoes it); the chunks stay until `ckptfs gc` frees those no file "
     "needs, after the trash time and its grace. Prints one line per directory, removed or kept "
     "and why, then a summary (--json: the same as JSON). Do not prune a directory that "
-    "a mount is still writing into. Exit status: 0 done, 2 it could not be done. "
+    "a mount is still writing into. With a fast tier (--fast-tier, or the mount's), a "
+    "directory leaves both tiers, and one with changes still pending in the fast tier (not "
+    "yet in the store) is kept, with the reason; without one, a store whose files were "
+    "written through a fast tier is refused (a prune of the store alone would leave them "
+    "readable in the fast tier). Exit status: 0 done, 2 it could not be done. "
     + STORE_HELP)
 PRUNE_EPILOG = (
     "examples: ckptfs prune /mnt/ckpt/run7 --keep-last 3 --pattern "
@@ -81,10 +87,24 @@ def cmd_prune(a: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     check_glob(a.pattern, "--pattern")
     keep = trash_seconds(a.trash_hours)
+    if a.no_fast_tier and a.fast_tier:
+        raise UsageError("give --fast-tier DIR or --no-fast-tier, not both")
     t = open_target(a, a.dir)
     inspection.read_info(t.store)
-    r = retention.prune(t.store, t.path, a.keep_last, a.keep_every, a.pattern,
-                        dry_run=a.dry_run, deep=a.deep, trash_keep=keep)
+    if t.fast is not None:
+        from ckptfs.pipeline.fasttools import BothTiers  # the tools: see the top
+
+        tiers = BothTiers(t.fast, t.object_store())
+        tiers.pending_paths()  # a damaged pending record: nothing is done
+        r = retention.prune(t.store, t.path, a.keep_last, a.keep_every, a.pattern,
+                            dry_run=a.dry_run, deep=a.deep, trash_keep=keep,
+                            keep=tiers.busy, remove=tiers.remove_tree)
+    else:
+        store = t.object_store()
+        check = None if a.no_fast_tier else (lambda doomed: refuse_fast_written(a, store,
+                                                                                doomed))
+        r = retention.prune(store, t.path, a.keep_last, a.keep_every, a.pattern,
+                            dry_run=a.dry_run, deep=a.deep, trash_keep=keep, check=check)
     if a.json:
         d = r.to_dict()
         d["target"] = t.show(r.dir)
@@ -92,6 +112,31 @@ def cmd_prune(a: argparse.Namespace) -> int:
     else:
         print("\n".join(format_prune(r, t, keep)))
     return 0
+
+
+def refuse_fast_written(a: argparse.Namespace, store: Store, doomed: list[Checkpoint]) -> None:
+    """UsageError if a checkpoint about to be removed was written through a fast tier (a
+    manifest with a generation, which only fast-tier mounts write): removed from the
+    object store alone, it would stay readable in the fast tier (one listing and one GET
+    per checkpoint)."""
+    from ckptfs.common.errors import NotFoundError
+    from ckptfs.format import manifests
+
+    for cp in doomed:
+        prefix = manifests.dir_prefix(cp.path)
+        key = next((k for k, _ in store.list(prefix, delimiter=None).objects
+                    if not k.endswith("/")), None)
+        try:
+            gen = 0 if key is None else manifests.generation(store.get_record(key))
+        except NotFoundError:
+            continue
+        if gen:
+            words = shlex.join(getattr(a, "argv", []) or ["prune", a.target])
+            raise UsageError(f"{cp.path} was written through a fast tier (mounts with "
+                             f"--fast-tier): pruned in the store alone, it would stay "
+                             f"readable there; prune both tiers: ckptfs {words} --fast-tier "
+                             f"DIR (the mounts' DIR; or --no-fast-tier if no mount uses one "
+                             f"any more)")
 
 
 def add_prune_parser(sub: Any) -> None:
@@ -112,4 +157,8 @@ def add_prune_parser(sub: Any) -> None:
     pr.add_argument("--deep", action="store_true",
                     help="fetch and re-hash the chunks of the checkpoints checked for "
                     "completeness instead of only checking that they exist")
-    add_store_options(pr, json=False)
+    pr.add_argument("--no-fast-tier", action="store_true",
+                    help="prune the store alone, even if its files were written through a "
+                    "fast tier (when no mount uses one any more)")
+    add_store_options(pr, json=False, fast_tier="the directories leave both tiers; one with "
+                      "changes still pending there is kept")

@@ -104,9 +104,10 @@ def open_target(a: argparse.Namespace, path_arg: str | None = None,
     """Open the store of `a.target`: a path inside a ckptfs mount, or a store URL, or a
     URL below a store (its path there, as git finds .git: locate.py), and PATH after it.
     With `whole_store` (gc, fsck, upgrade), a URL below a store is refused with the
-    command that works. A tool that takes --fast-tier gets the fast tier too."""
+    command that works. A tool that takes --fast-tier gets the fast tier too (unless
+    told --no-fast-tier)."""
     target = _open_target(a, path_arg, whole_store)
-    if hasattr(a, "fast_tier"):
+    if hasattr(a, "fast_tier") and not getattr(a, "no_fast_tier", False):
         _open_fast_tier(a, target)
     return target
 

@@ -9,7 +9,7 @@ import os
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli.errors import CliError
+from ckptfs.cli.errors import CliError, UsageError
 from ckptfs.cli.options import STORE_HELP, add_command, add_dry_run, add_store_options, add_target
 from ckptfs.cli.output import Column, human, print_table, utc
 from ckptfs.cli.target import Target, mounted_path, open_target, store_path
@@ -56,6 +56,10 @@ TRASH_RESTORE_DESCRIPTION = (
     "never overwritten (a conditional write, even against another node's publish "
     "meanwhile): it is left in the trash and reported. The files come back byte for "
     "byte, with their mode and mtime; mounts see them within their --metadata-ttl. "
+    "With a fast tier (--fast-tier, or the mount's), a name that exists in either tier is "
+    "never overwritten, a file comes back into the store, and one that a change still "
+    "pending in the fast tier touches is left in the trash; without one, files written "
+    "through a fast tier are refused (exit 2). "
     "Exit status: 0 all restored, 1 some left in the trash, 2 nothing to restore or "
     "an error. " + STORE_HELP)
 TRASH_RESTORE_EPILOG = (
@@ -102,8 +106,8 @@ def cmd_ls(a: argparse.Namespace) -> int:
     from ckptfs.tools import trash  # the trash tool: see the top
 
     t = _target(a)
-    found = trash.entries(t.store, t.path)
-    trash.read_sizes(t.store, found)
+    found = trash.entries(t.object_store(), t.path)  # a fast tier keeps no trash
+    trash.read_sizes(t.object_store(), found)
     items = trash.items(found)
     if a.json:
         print(json.dumps({"store": t.store.url, "path": t.path,
@@ -145,12 +149,23 @@ def _destination(a: argparse.Namespace, t: Target) -> str | None:
 def cmd_restore(a: argparse.Namespace) -> int:
     from ckptfs.tools import trash  # the trash tool: see the top
 
+    if a.no_fast_tier and a.fast_tier:
+        raise UsageError("give --fast-tier DIR or --no-fast-tier, not both")
     t = _target(a)
     if not t.path:
         raise CliError("name what to restore: a deleted file or directory (ckptfs trash ls "
                        "lists them)")
-    r = trash.restore(t.store, t.path, _destination(a, t), dry_run=a.dry_run,
-                      version=a.version)
+    store, busy = t.store, None
+    if t.fast is not None:  # into the store (every reader sees it), never over a pending change
+        from ckptfs.pipeline.fasttools import BothTiers  # the trash tool: see the top
+
+        tiers = BothTiers(t.fast, t.object_store())
+        tiers.pending_paths()  # a damaged pending record: nothing is done
+        store, busy = tiers.restore_store(), tiers.pending
+    elif not a.no_fast_tier:
+        refuse_fast_written(a, t)
+    r = trash.restore(store, t.path, _destination(a, t), dry_run=a.dry_run,
+                      version=a.version, busy=busy)
     if a.json:
         print(json.dumps(r.to_dict(), indent=1))
         return 1 if r.skipped else 0
@@ -172,11 +187,34 @@ def cmd_restore(a: argparse.Namespace) -> int:
     return 1 if r.skipped else 0
 
 
+def refuse_fast_written(a: argparse.Namespace, t: Target) -> None:
+    """UsageError if a file to restore was written through a fast tier (its manifest has
+    a generation, which only fast-tier mounts write): restored in the object store alone,
+    a pending change in the fast tier, or a newer version there, would undo it (a listing
+    of the trash and one GET)."""
+    from ckptfs.common.errors import NotFoundError
+    from ckptfs.format import manifests
+    from ckptfs.tools import trash  # the trash tool: see the top
+
+    for e in [e for e in trash.newest(trash.entries(t.store, t.path)) if not e.is_dir][:1]:
+        try:
+            gen = manifests.generation(t.store.get_record(e.key))
+        except NotFoundError:
+            continue
+        if gen:
+            words = shlex.join(getattr(a, "argv", []) or ["trash", "restore", a.target])
+            raise UsageError(f"{e.path} was written through a fast tier (mounts with "
+                             f"--fast-tier): restored in the store alone, a change still "
+                             f"pending in the fast tier could undo it; restore with both "
+                             f"tiers: ckptfs {words} --fast-tier DIR (the mounts' DIR; or "
+                             f"--no-fast-tier if no mount uses one any more)")
+
+
 def cmd_empty(a: argparse.Namespace) -> int:
     from ckptfs.tools import trash  # the trash tool: see the top
 
     t = _target(a)
-    gone = trash.empty(t.store, t.path, dry_run=a.dry_run)
+    gone = trash.empty(t.object_store(), t.path, dry_run=a.dry_run)
     files = [e for e in gone if not e.is_dir]
     if a.json:
         print(json.dumps({"store": t.store.url, "path": t.path, "dry_run": a.dry_run,
@@ -200,13 +238,15 @@ def add_trash_parser(sub: Any) -> None:
     ls = add_command(verbs, "ls", cmd_ls, "what the trash holds", TRASH_LS_DESCRIPTION,
                      TRASH_LS_EPILOG)
     add_target(ls, "mounted path, or STORE", "path", under)
-    add_store_options(ls)
+    add_store_options(ls, fast_tier="taken, and ignored: the trash is in the store alone")
 
     rs = add_command(verbs, "restore", cmd_restore, "put a deleted file or directory back",
                      TRASH_RESTORE_DESCRIPTION, TRASH_RESTORE_EPILOG)
     add_target(rs, "mounted path, or STORE", "path",
                "with STORE: the deleted file or directory, from the filesystem root")
-    add_store_options(rs)
+    add_store_options(rs, fast_tier="a name that exists in either tier is not overwritten, "
+                      "and one with changes still pending there is left in the trash (a "
+                      "mover would undo the restore)")
     rs.add_argument("--to", metavar="DEST", help="restore there instead: a path from the "
                     "filesystem root (with a leading / or not), or a path inside the "
                     "same mount; never over a file that exists")
@@ -215,10 +255,13 @@ def add_trash_parser(sub: Any) -> None:
                     "one the last overwrite or delete set aside), or a UTC time as trash ls "
                     "shows it (the newest set aside at or before it); the file must not "
                     "exist, or give --to")
+    rs.add_argument("--no-fast-tier", action="store_true",
+                    help="restore into the store alone, even if the files were written "
+                    "through a fast tier (when no mount uses one any more)")
     add_dry_run(rs, "restored")
 
     em = add_command(verbs, "empty", cmd_empty, "delete what the trash holds now",
                      TRASH_EMPTY_DESCRIPTION, TRASH_EMPTY_EPILOG)
     add_target(em, "mounted path, or STORE", "path", under)
-    add_store_options(em)
+    add_store_options(em, fast_tier="taken, and ignored: the trash is in the store alone")
     add_dry_run(em, "deleted")

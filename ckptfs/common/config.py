@@ -379,12 +379,18 @@ class MountConfig:
         "directory store URL) in front of the store: closed files go there first and to the "
         "store in the background, any node finishes what a lost node left (default {})",
         metavar="DIR")
-    fast_keep: int = option(
-        2, "--fast-keep", "with --fast-tier: keep the newest N checkpoint directories (of "
+    fast_keep: int | None = option(
+        None, "--fast-keep", "with --fast-tier: keep the newest N checkpoint directories (of "
         "each parent directory; named by --keep-pattern, else the top-level directories) in "
         "the fast tier, and always the newest complete one and all newer; of the others, "
         "what the store already has is removed from the fast tier (default {})",
-        kind="int", metavar="N")
+        kind="int", metavar="N", shown="2")
+    fast_size: int | None = option(
+        None, "--fast-size", "with --fast-tier: also remove from the fast tier what the "
+        "store already has of the checkpoints --fast-keep keeps, oldest first, while it "
+        "holds more than SIZE (its chunks and manifests), but never the newest complete "
+        "checkpoint nor a newer one; logged once when what must stay is more "
+        "(default {})", kind="size", metavar="SIZE", shown="no limit")
     # auto-prune (autoprune.py): off unless keep_last is set; the policy of `ckptfs prune`
     keep_last: int | None = option(
         None, "--keep-last", "auto-prune: after this mount writes into a checkpoint directory "
@@ -496,7 +502,14 @@ class MountConfig:
     def _check_keep(self) -> None:
         """The auto-prune options go together; the numbers themselves are checked by
         retention.check_policy (cli, autoprune)."""
-        if self.fast_keep < 1:
+        if self.fast_tier is None:
+            given = [o for o, v in (("--fast-keep", self.fast_keep),
+                                    ("--fast-size", self.fast_size)) if v is not None]
+            if given:
+                verb = "need" if len(given) > 1 else "needs"
+                raise ConfigError(f"{' and '.join(given)} {verb} --fast-tier DIR (they say "
+                                  f"what the fast tier keeps)")
+        if self.fast_keep is not None and self.fast_keep < 1:
             raise ConfigError(f"--fast-keep must be 1 or more, not {self.fast_keep}")
         if self.keep_last is None:
             given = [o for o, v in (("--keep-every", self.keep_every),

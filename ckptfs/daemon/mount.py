@@ -494,8 +494,8 @@ class Daemon:
         publisher.on_applied = lambda op: mover.wake()
         health.changed = mover.wake
         mover.on_moved = publisher.release_held
-        keep, pattern = self.cfg.fast_keep, self.cfg.keep_pattern
-        mover.trim = lambda: fastkeep.trim(fast, slow, keep, pattern)
+        mover.trim = fastkeep.Retention(fast, slow, self.cfg.fast_keep, self.cfg.fast_size,
+                                        self.cfg.keep_pattern)
         return mover
 
     async def main(self) -> int:

@@ -29,6 +29,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import (
@@ -116,6 +117,14 @@ class GcReport:
     others: int = 0           # objects under chunks/ or fossils/ outside the layout: ignored
     scratch_deleted: int = 0  # gc/ objects left by killed runs
     seconds: float = 0.0
+    # with a fast tier (FastTier): its url, what it referenced and what was done to it
+    fast_url: str = ""
+    fast_manifests: int = 0   # manifests read in the fast tier (files/, trim/)
+    fast_records: int = 0     # pending records read (their put_file manifests)
+    fast_chunks: Tally = field(default_factory=Tally)   # chunks scanned in the fast tier
+    fast_freed: Tally = field(default_factory=Tally)    # deleted: the store has them
+    fast_moved: Tally = field(default_factory=Tally)    # copied into the store, then deleted
+    fast_kept: Tally = field(default_factory=Tally)     # unreferenced, within the grace
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -144,15 +153,29 @@ class References:
 Progress = Callable[[GcReport, float | None], None]
 
 
+class FastTier(Protocol):
+    """A fast tier in front of the store (pipeline/fasttools.py): its references count in
+    every listing pass, and it is cleaned after the store's mark."""
+
+    def add_references(self, refs: References, report: GcReport) -> None:
+        """At the start of each listing pass, before the store's own listings: every
+        chunk the fast tier's manifests and pending records name. GcError when one is
+        damaged (what it names is unknown)."""
+
+    def clean(self, refs: References, report: GcReport) -> None:
+        """After the mark: the fast tier's old chunks that `refs` does not name leave it."""
+
+
 def _no_progress(report: GcReport, fraction: float | None) -> None:
     return None
 
 
 def collect(store: Store, grace: float = DEFAULT_GRACE, *, dry_run: bool = False,
             prefixes: tuple[str, ...] = REFERENCE_PREFIXES,
-            progress: Progress = _no_progress) -> GcReport:
+            progress: Progress = _no_progress, fast: FastTier | None = None) -> GcReport:
     """One gc run over `store` (see the module docstring). With `dry_run` nothing is
-    changed (only the clock probe is written and deleted). Raises GcError, StoreError,
+    changed (only the clock probe is written and deleted). With a `fast` tier, what it
+    names is referenced too, and it is cleaned at the end. Raises GcError, StoreError,
     NoEntry (not a ckptfs store) or FormatError when it cannot be done; stopping at any
     point, by an error or a kill, leaves a store that the next run completes."""
     if grace < 0:
@@ -164,7 +187,7 @@ def collect(store: Store, grace: float = DEFAULT_GRACE, *, dry_run: bool = False
     report.cutoff = report.store_time - grace
     progress(report, None)
     # every manifest is read (a damaged one stops the run) before anything is changed
-    refs = read_references(store, report, prefixes, progress)
+    refs = read_references(store, report, prefixes, progress, fast)
     crash_point("gc_references_read")
     if not dry_run:
         _delete_scratch(store, report)
@@ -175,6 +198,9 @@ def collect(store: Store, grace: float = DEFAULT_GRACE, *, dry_run: bool = False
     sweep(store, refs, report, progress)
     crash_point("gc_swept")
     mark(store, refs, report, progress)
+    if fast is not None:
+        report.phase = "fast"
+        fast.clean(refs, report)
     report.phase = "done"
     report.seconds = time.monotonic() - started
     progress(report, 1.0)
@@ -223,8 +249,11 @@ def reader_of(store: Store) -> Callable[[ObjectInfo], bytes | BadObjectError | N
 
 
 def read_references(store: Store, report: GcReport, prefixes: tuple[str, ...],
-                    progress: Progress = _no_progress) -> References:
-    """Every chunk named by a manifest under `prefixes`, from LISTING_PASSES listings.
+                    progress: Progress = _no_progress,
+                    fast: FastTier | None = None) -> References:
+    """Every chunk named by a manifest under `prefixes`, from LISTING_PASSES listings
+    (and, with a `fast` tier, what it names, read first in each pass: a record moved
+    meanwhile has its manifest in the store before the record goes).
 
     A pass starts listing only after the previous pass has read every manifest it
     listed, and re-reads only the manifests whose token (size and ETag, or size, mtime
@@ -238,6 +267,8 @@ def read_references(store: Store, report: GcReport, prefixes: tuple[str, ...],
     fetch = reader_of(store)
     for n in range(LISTING_PASSES):
         report.phase = "references" if n == 0 else f"references (pass {n + 1})"
+        if fast is not None:
+            fast.add_references(refs, report)
 
         def listed() -> Iterator[ObjectInfo]:
             for prefix in prefixes:

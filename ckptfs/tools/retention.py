@@ -230,7 +230,9 @@ def delete_tree(store: Store, prefix: str, keys: Iterable[str]) -> None:
 def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = None,
           pattern: str = "*", dry_run: bool = False, deep: bool = False,
           trash_keep: float = 0.0, node: str = "",
-          keep: Callable[[str], str | None] | None = None) -> PruneResult:
+          keep: Callable[[str], str | None] | None = None,
+          remove: Callable[[str, str | None], int] | None = None,
+          check: Callable[[list[Checkpoint]], None] | None = None) -> PruneResult:
     """plan(), then remove the checkpoints it does not keep (unless `dry_run`): into the
     trash for `trash_keep` seconds (one batch per directory, named after `node`), or for
     good when it is 0.
@@ -238,7 +240,9 @@ def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = 
     The intents are read again just before the removals: a directory that a rename
     started meanwhile is kept. So is one for which `keep(path)`, asked just before its
     removal, returns a sentence (reason BUSY): a mount's own changes not yet in the
-    store (autoprune.py).
+    store (autoprune.py), or changes still pending in a fast tier. `remove(path, batch)`
+    removes one (default: remove_tree in `store`; with a fast tier, from both tiers);
+    `check(doomed)`, called before the first removal, may raise to refuse them all.
     """
     result = plan(store, dir_path, keep_last, keep_every, pattern, deep)
     result.dry_run = dry_run
@@ -255,6 +259,8 @@ def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = 
                 x = touching[0]
                 cp.kept_for(RENAMING, f"a directory rename {x.src or '?'} -> "
                                       f"{x.dst or '?'} by node {x.writer} started ({x.key})")
+    if check is not None and result.removed:
+        check(result.removed)
     for i, cp in enumerate(result.removed):
         why = keep(cp.path) if keep is not None else None
         if why:
@@ -262,7 +268,8 @@ def prune(store: Store, dir_path: str, keep_last: int, keep_every: int | None = 
             continue
         batch = (trash.batch_id(trash_keep, i, node or trash.this_node())
                  if trash_keep else None)
-        cp.keys = remove_tree(store, cp.path, batch)
+        cp.keys = (remove_tree(store, cp.path, batch) if remove is None
+                   else remove(cp.path, batch))
         result.deleted_keys += cp.keys
         log.debug("pruned %s (%d manifests and markers)", cp.path, cp.keys)
     return result

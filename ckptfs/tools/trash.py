@@ -18,7 +18,7 @@ import math
 import re
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -330,12 +330,14 @@ def newest(found: list[Entry]) -> list[Entry]:
 
 
 def restore(store: Store, path: str, to: str | None = None, dry_run: bool = False,
-            version: str | None = None) -> Restored:
+            version: str | None = None,
+            busy: Callable[[str], str | None] | None = None) -> Restored:
     """Put back the newest trashed version of `path` and of everything under it (or, with
     `version`, that version of the file `path`: pick_version), at `to` (default: where it
-    was). A name that exists again is left alone (skipped). Each restored entry is
-    copied back, then deleted from the trash. NoEntry if the trash holds nothing at or
-    under `path`."""
+    was). A name that exists again is left alone (skipped), and so is one for which
+    `busy(destination)` gives a reason (a fast tier's pending changes to it). Each
+    restored entry is copied back, then deleted from the trash. NoEntry if the trash
+    holds nothing at or under `path`."""
     path = manifests.check_path(path.strip("/"))
     to = path if to is None else manifests.check_path(to.strip("/"))
     found = entries(store, path)
@@ -353,6 +355,9 @@ def restore(store: Store, path: str, to: str | None = None, dry_run: bool = Fals
         if not dest and not e.is_dir:
             return "a file cannot take the place of the root directory"
         key = manifests.dir_key(dest) if e.is_dir else manifests.file_key(dest)
+        why_not = busy(dest) if busy is not None else None
+        if why_not:
+            return why_not
         if dest:
             store.check_length(key)
             if e.is_dir and store.head(manifests.file_key(dest)) is not None:

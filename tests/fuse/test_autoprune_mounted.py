@@ -128,6 +128,8 @@ def test_one_node_prunes_a_two_node_run(kind: str, tmp_path: Path, nodes: Nodes,
     (["--keep-pattern", PATTERN], "--keep-pattern needs --keep-last N"),
     (["--keep-last", "3"], "--keep-last needs --keep-pattern GLOB"),
     (["--keep-last", "3", "--keep-pattern", "run/checkpoint-*"], "one directory name"),
+    (["--fast-size", "1G"], "--fast-size needs --fast-tier DIR"),
+    (["--fast-keep", "3", "--fast-size", "1G"], "--fast-keep and --fast-size need --fast-tier"),
 ])
 def test_bad_auto_prune_options_are_one_line(options: list[str], message: str,
                                              tmp_path: Path) -> None:
@@ -136,7 +138,7 @@ def test_bad_auto_prune_options_are_one_line(options: list[str], message: str,
     mnt.mkdir()
     r = run_cli("mount", str(store), str(mnt), "--cache-dir", str(tmp_path / "cache"),
                 *options, check=False, timeout=60)
-    assert r.returncode != 0
+    assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ckptfs: ") and message in lines[0], (
         r.stderr)

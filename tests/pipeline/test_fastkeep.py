@@ -9,19 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import move_all
+from pipeline_helpers import (
+    SHARED,
+    fast_state,
+    move_all,
+    named_by,
+    publish,
+    read,
+    save_steps,
+)
 from support import random_bytes
 
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.pipeline import fasttier
-from ckptfs.pipeline.fastkeep import trim
-from ckptfs.pipeline.fasttier import Record
-from ckptfs.pipeline.journal import Op
+from ckptfs.pipeline.fastkeep import Retention, trim
 from ckptfs.store.local import LocalStore
 from ckptfs.store.tiered import TieredStore
-
-SHARED = random_bytes(3000)  # a chunk every step names (dedup across checkpoints)
 
 
 @pytest.fixture
@@ -29,55 +33,6 @@ def tiers(tmp_path: Path) -> tuple[LocalStore, LocalStore]:
     (tmp_path / "fast").mkdir()
     (tmp_path / "slow").mkdir()
     return LocalStore(tmp_path / "fast"), LocalStore(tmp_path / "slow")
-
-
-def publish(fast: LocalStore, queue: str, seq: int, path: str, chunks: list[bytes],
-            gen: int) -> bytes:
-    """A closed file as a fast-tier mount leaves it: chunks, manifest, pending record."""
-    named = []
-    for data in chunks:
-        h = codec.chunk_hash(data)
-        fast.put_parts(manifests.chunk_key(h), codec.encode_chunk_parts(data, "zstd4")[0])
-        named.append((h, len(data)))
-    body = manifests.with_generation(Manifest(sum(len(c) for c in chunks), 0o100644, 0,
-                                              tuple(named), writer=queue).to_json(), gen)
-    fast.put(file_key(path), body)
-    fast.put(fasttier.record_key(queue, seq),
-             Record(queue, Op(seq, "put_file", path, body=body)).to_json())
-    return body
-
-
-def save_steps(fast: LocalStore, queue: str = "a") -> dict[str, bytes]:
-    """step-1 .. step-8, two files each: model.pt (the shared chunk and its own) and
-    opt.pt (its own); the files' contents by path."""
-    files = {}
-    for step in range(1, 9):
-        own, opt = random_bytes(2000 + step), random_bytes(1000 + step)
-        publish(fast, queue, 2 * step - 1, f"step-{step}/model.pt", [SHARED, own], step)
-        publish(fast, queue, 2 * step, f"step-{step}/opt.pt", [opt], step)
-        files[f"step-{step}/model.pt"] = SHARED + own
-        files[f"step-{step}/opt.pt"] = opt
-    return files
-
-
-def fast_state(fast: LocalStore) -> tuple[set[str], set[str]]:
-    """The fast tier's manifests (paths) and chunks (names)."""
-    paths = {manifests.path_of_key(i.key) for i in fast.scan(manifests.FILES)}
-    chunks = {manifests.chunk_name(i.key) or "" for i in fast.scan(manifests.CHUNKS)}
-    return paths, chunks
-
-
-def named_by(fast: LocalStore, paths: set[str]) -> set[str]:
-    return {h for p in paths for h, _ in Manifest.from_json(fast.get(file_key(p))).chunks}
-
-
-def read(view: TieredStore, path: str) -> bytes:
-    m = Manifest.from_json(view.get(file_key(path)))
-    out = b""
-    for h, _ in m.chunks:
-        with codec.decoded(view.get(manifests.chunk_key(h)), h) as data:
-            out += bytes(data)
-    return out
 
 
 def test_the_fast_tier_keeps_the_newest_two_once_the_store_has_everything(
@@ -143,3 +98,77 @@ def test_nothing_the_store_lacks_leaves_the_fast_tier(
     assert read(view, "step-3/extra.pt") == again
     assert read(view, "step-4/opt.pt") == again
     assert read(view, "step-5/model.pt") == files["step-5/model.pt"]
+
+
+def held(fast: LocalStore) -> int:
+    """The fast tier's bytes as --fast-size counts them: chunks and manifests."""
+    return sum(i.size for p in (manifests.CHUNKS, manifests.FILES) for i in fast.scan(p))
+
+
+def test_fast_size_trims_the_kept_checkpoints_oldest_first_until_they_fit(
+        tiers: tuple[LocalStore, LocalStore]) -> None:
+    """--fast-keep 8 keeps all 8 steps; --fast-size a little less than the 8 hold takes
+    the oldest ones out, oldest first, until the rest fits: step-1 and step-2 only (step-3
+    stays since step-1 and step-2's own bytes are enough); every step still reads byte for
+    byte through both tiers."""
+    fast, slow = tiers
+    files = save_steps(fast)
+    move_all(fast, slow, "a")
+    before = held(fast)
+    own = {s: held_by(fast, s) for s in range(1, 9)}
+    limit = before - own[1] - own[2] + 1
+    done = trim(fast, slow, keep=8, size=limit)
+    paths, _ = fast_state(fast)
+    assert {p.partition("/")[0] for p in paths} == {f"step-{s}" for s in range(3, 9)}
+    assert (done.over, done.held) == (0, held(fast)) and held(fast) <= limit
+    view = TieredStore(fast, slow, manifests.FILES, fasttier.newer_manifest)
+    for path, data in files.items():
+        assert read(view, path) == data, path
+
+
+def held_by(fast: LocalStore, step: int) -> int:
+    """The bytes that trimming step `step` alone frees: its manifests and own chunks."""
+    names = {f"step-{step}/model.pt", f"step-{step}/opt.pt"}
+    others = named_by(fast, {p for p in fast_state(fast)[0]} - names)
+    mine = named_by(fast, names) - others
+    return (sum(fast.head(file_key(p)) or 0 for p in names)
+            + sum(fast.head(manifests.chunk_key(h)) or 0 for h in mine))
+
+
+def test_fast_size_never_takes_the_newest_complete_nor_anything_pending(
+        tiers: tuple[LocalStore, LocalStore], caplog: pytest.LogCaptureFixture) -> None:
+    """--fast-size 0: step-3 (a pending record of another queue names a file in it) and
+    step-8 (the newest complete) stay, with their chunks; the trim says how much is over,
+    and a mount's Retention logs that once, not at every trim."""
+    fast, slow = tiers
+    save_steps(fast)
+    again = random_bytes(1500)
+    publish(fast, "b", 1, "step-3/extra.pt", [again], 30)
+    move_all(fast, slow, "a")
+    done = trim(fast, slow, keep=1, size=0)
+    paths, chunks = fast_state(fast)
+    assert {p.partition("/")[0] for p in paths} == {"step-3", "step-8"}
+    assert codec.chunk_hash(again) in chunks and codec.chunk_hash(SHARED) in chunks
+    assert done.held == held(fast) == done.over > 0
+    retention = Retention(fast, slow, 1, 0, None)
+    for _ in range(3):
+        retention()
+    over = [r for r in caplog.records if "more than --fast-size" in r.getMessage()]
+    assert len(over) == 1, caplog.text
+    move_all(fast, slow, "b")  # once moved, step-3 fits the rule: only step-8 stays
+    assert retention().over
+    assert {p.partition("/")[0] for p in fast_state(fast)[0]} == {"step-8"}
+    assert len([r for r in caplog.records if "more than --fast-size" in r.getMessage()]) == 1
+
+
+def test_fast_keep_and_fast_size_both_apply(tiers: tuple[LocalStore, LocalStore]) -> None:
+    """--fast-keep 3 with a --fast-size the 8 steps fit in: the keep rule alone acts
+    (step-6 to step-8 stay); with one that 3 steps do not fit in, step-6 goes too."""
+    fast, slow = tiers
+    save_steps(fast)
+    move_all(fast, slow, "a")
+    trim(fast, slow, keep=3, size=held(fast))
+    assert {p.partition("/")[0] for p in fast_state(fast)[0]} == {"step-6", "step-7",
+                                                                  "step-8"}
+    trim(fast, slow, keep=3, size=held(fast) - 1)
+    assert {p.partition("/")[0] for p in fast_state(fast)[0]} == {"step-7", "step-8"}

@@ -60,6 +60,9 @@ def config(**kw: object) -> MountConfig:
     ({"keep_last": 2}, "--keep-last needs --keep-pattern GLOB"),
     ({"keep_last": 2, "keep_pattern": "run/step-*"}, "one directory name"),
     ({"keep_last": 2, "keep_pattern": ""}, "one directory name"),
+    ({"fast_keep": 3}, "^--fast-keep needs --fast-tier DIR"),
+    ({"fast_size": 1 << 30}, "^--fast-size needs --fast-tier DIR"),
+    ({"fast_keep": 2, "fast_size": 1}, "^--fast-keep and --fast-size need --fast-tier DIR"),
 ])
 def test_mount_options_that_do_not_go_together(kw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as e:
