@@ -33,6 +33,8 @@ def format_status(st: dict[str, Any]) -> str:
         f"   fetched {human(st['fetched_bytes'])}   open files {st['open_files']}",
         f"state        {state_line(st)}",
     ]
+    if st.get("fast_tier"):
+        lines.insert(-1, fast_tier_line(st))
     ap = st.get("autoprune")
     if ap:
         every = f" --keep-every {ap['keep_every']}" if ap["keep_every"] else ""
@@ -47,6 +49,19 @@ def format_status(st: dict[str, Any]) -> str:
     if st.get("retries"):
         lines.append(f"retries      {retries_text(st['retries'])}")
     return "\n".join(lines)
+
+
+def fast_tier_line(st: dict[str, Any]) -> str:
+    """A mount with --fast-tier: what its pending records still hold back from the object
+    store, and what its mover has moved (a daemon of before has no byte counts)."""
+    moved = st.get("fast_moved_bytes")
+    error = st.get("fast_last_error")
+    return (f"fast tier    {st['fast_tier']}   pending records "
+            f"{st.get('fast_pending_records', 0)} "
+            f"({human(st.get('fast_pending_bytes', 0))} of files) to move to the store"
+            f"   moved {st.get('fast_moved_records', 0)}"
+            + (f" ({human(moved)})" if moved is not None else "")
+            + (f"   error: {error}" if error else ""))
 
 
 def retries_text(retries: dict[str, int]) -> str:
@@ -144,6 +159,8 @@ def watch_line(st: dict[str, Any]) -> str:
             f"{human(st['uploaded_bytes'])}   cache {human(st['cache_bytes'])} of "
             f"{human(st['cache_limit'])}   {'durable' if st['durable'] else 'not durable'}"
             + (f"   retries {sum(st['retries'].values())}" if st.get("retries") else "")
+            + (f"   fast tier pending {st.get('fast_pending_records', 0)} "
+               f"({human(st.get('fast_pending_bytes', 0))})" if st.get("fast_tier") else "")
             + f"{busiest}" + "".join(f"   error: {e}" for e in st["errors"]))
 
 
@@ -155,14 +172,17 @@ def watch_view(st: dict[str, Any], rates: dict[str, float]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    files = Table("file", "state", "size", "in the store", "", "rate", "ETA",
-                  title="files being saved", title_justify="left", expand=False)
+    tiers = bool(st.get("fast_tier"))  # a column saying which files are fast-durable
+    files = Table("file", "state", *(["durable"] if tiers else []), "size", "in the store",
+                  "", "rate", "ETA", title="files being saved", title_justify="left",
+                  expand=False)
     for f in st.get("files") or ():
         size, left = int(f["size"]), int(f["left_bytes"])
         done = 1.0 - left / size if size else 1.0
         rate = rates.get(f["path"])
         eta = f"{left / rate:.0f} s" if rate else "-"
-        files.add_row(Text(f["path"]), f["state"], human(size),
+        durable = ["fast tier" if f.get("fast_durable") else "no"] if tiers else []
+        files.add_row(Text(f["path"]), f["state"], *durable, human(size),
                       ProgressBar(total=1.0, completed=done, width=20), f"{done:.0%}",
                       f"{human(rate)}/s" if rate is not None else "-", eta)
     parts: list[Any] = [Text(format_status(st))]

@@ -455,6 +455,8 @@ class Daemon:
 
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
                                     __version__, p.store.url)
+            if mover is not None:  # the fast tier's gauges and counters
+                metrics.fast_statistics = mover.statistics
         return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
                      fuse_requests, warmer, mover)
 
@@ -574,6 +576,7 @@ class Daemon:
             st.update(self.mover.statistics(), fast_tier=self.p.fast.url if self.p.fast
                       else None, fast_durable=st["durable"])
             st["durable"] = st["durable"] and not self.mover.pending_count()
+            st["files"] = files_by_tier(st["files"], self.mover.pending_files())
         return redacted(st)  # printed by status, returned by the Python API
 
     async def latest(self, dir_path: str, pattern: str) -> str | None:
@@ -610,6 +613,19 @@ class Daemon:
         if self.p.fast is not None:
             self.p.fast.close()
         os.close(self.p.lock_fd)
+
+
+def files_by_tier(saving: list[dict[str, Any]], moving: list[tuple[str, int]],
+                  limit: int = 20) -> list[dict[str, Any]]:
+    """status `files` with a fast tier: those still being saved (in neither tier yet),
+    then those in the fast tier only (state `moving`: fast-durable, not yet durable), each
+    saying `fast_durable` and `durable`; largest first within each, at most `limit`."""
+    out = [{**f, "fast_durable": False, "durable": False} for f in saving]
+    newest = dict(moving)  # a path published twice: its last version's size
+    out += [{"path": path, "state": "moving", "size": size, "left_bytes": size,
+             "fast_durable": True, "durable": False}
+            for path, size in sorted(newest.items(), key=lambda f: -f[1])]
+    return out[:limit]
 
 
 def _lazy_unmount(mountpoint: str) -> None:
