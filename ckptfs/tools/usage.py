@@ -94,6 +94,7 @@ class UsageReport:
     fast_url: str | None = None
     fast: Tally = field(default_factory=Tally)
     pending: Tally = field(default_factory=Tally)
+    records: int = 0  # pending records in the fast tier (its caller counts them)
 
     def to_dict(self) -> dict[str, object]:
         return {"store": self.url, "path": self.path,
@@ -107,7 +108,7 @@ class UsageReport:
                 "fast_tier": None if self.fast_url is None else {
                     "url": self.fast_url, "chunks": self.fast.count, "bytes": self.fast.bytes,
                     "pending_chunks": self.pending.count,
-                    "pending_bytes": self.pending.bytes}}
+                    "pending_bytes": self.pending.bytes, "pending_records": self.records}}
 
 
 def combine(state: int | None, group: int) -> int:
@@ -181,10 +182,9 @@ def _manifests(store: Store, infos: Iterator[ObjectInfo], report: UsageReport
 def du(store: Store, path: str = "", tiers: Tiers | None = None) -> UsageReport:
     """The space used under directory `path` (see the module docstring). NoEntry when the
     store has no directory at `path` or is not a ckptfs store. With `tiers` (`store` is
-    their view), a chunk counts in whichever tier holds it (`stored` is the object
-    store's alone),
-    and the fast tier's chunks the object store lacks are `pending` (per directory too);
-    unreferenced chunks are the object store's alone (gc never looks at the fast tier)."""
+    their view), a chunk counts in whichever tier holds it; the fast tier's chunks that
+    the object store lacks are `pending` (per directory too); `stored` and unreferenced
+    chunks are the object store's alone (gc never looks at the fast tier)."""
     path = manifests.check_path(path.strip("/"))
     inspection.read_info(store)
     prefix = manifests.dir_prefix(path)
