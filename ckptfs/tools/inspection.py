@@ -208,7 +208,7 @@ class FsckReport:
     dir_markers: int = 0
     file_bytes: int = 0
     chunks_referenced: int = 0
-    chunks_stored: int = 0
+    chunks_stored: int = 0        # in the object store (with a fast tier: apart from it)
     stored_bytes: int = 0
     garbage_chunks: int = 0       # stored but named by no manifest: not an error (gc)
     garbage_bytes: int = 0
@@ -701,8 +701,8 @@ def fsck(store: Store, deep: bool = False, tiers: Tiers | None = None) -> FsckRe
         report.fast_chunks, report.fast_bytes = len(fast), sum(fast.values())
         report.pending_chunks = len(pending)
         report.pending_bytes = sum(fast[h] for h in pending)
-    report.chunks_stored = len(stored)
-    report.stored_bytes = sum(stored.values())
+    report.chunks_stored = len(slow)  # the object store's: the fast tier's are apart
+    report.stored_bytes = sum(slow.values())
     garbage = slow.keys() - referenced
     report.garbage_chunks = len(garbage)
     report.garbage_bytes = sum(slow[h] for h in garbage)
