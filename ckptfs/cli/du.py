@@ -35,9 +35,10 @@ DU_DESCRIPTION = (
     "steps, ranks and files save) and compr (those bytes / their stored size: what "
     "compression saves). Then the store's totals: "
     "every chunk object (fossils included) and the unreferenced ones, which ckptfs gc "
-    "frees once they are older than its grace. Reads every manifest of the store and "
-    "lists chunks/ and fossils/; changes nothing. Exit 0, or 2 with one line when it "
-    "cannot be done (a bad URL, not a ckptfs store, no directory PATH). " + STORE_HELP)
+    "frees once they are older than its grace. With a fast tier, a pending column and "
+    "a fast tier line: the bytes there the store does not have yet. Reads every manifest "
+    "of the store and lists chunks/ and fossils/; changes nothing. Exit 0, or 2 with one "
+    "line when it cannot be done (a bad URL, not a ckptfs store, no directory PATH). " + STORE_HELP)
 DU_EPILOG = (
     "examples: ckptfs du /mnt/ckpt/run7 | ckptfs du s3://bucket/run7 --json | "
     "ckptfs du ./store run7 | ckptfs du gs://bucket/ckpt/run7 (the path run7 of the "

@@ -34,15 +34,18 @@ VERIFY_DESCRIPTION = (
     "Check that every chunk of every file under PATH (a file or a directory, "
     "recursively) is in the store, so that any node can read it. Prints one line per "
     "incomplete file, naming its missing or corrupt chunks and the node that wrote it, "
-    "then a summary. Exit status: 0 complete, 1 incomplete, 2 the check could not be "
-    "done. " + STORE_HELP)
+    "then a summary. With a fast tier, a chunk in either tier counts, and the summary "
+    "says how many files are in the fast tier only (fast-durable, not yet durable; "
+    "--durable: exit 1 then). Exit status: 0 complete, 1 incomplete, 2 the check could "
+    "not be done. " + STORE_HELP)
 VERIFY_EPILOG = (
     "examples: ckptfs verify /mnt/ckpt/step-1000 | "
     "ckptfs verify s3://bucket/run7 step-1000 --deep")
 LS_DESCRIPTION = (
     "List every file under PATH (recursively) like `ls -l`: mode, size in "
     "bytes, mtime, the node that wrote it, and its state: ok, `missing N` (N chunks not "
-    "in the store), `corrupt N` (with --deep) or damaged (its manifest). Exit 0 when "
+    "in the store), `corrupt N` (with --deep), damaged (its manifest) or, with a fast "
+    "tier, fast-only (complete there, not yet in the store). Exit 0 when "
     "the listing worked, 2 when not. " + STORE_HELP)
 LATEST_DESCRIPTION = (
     "Print the newest COMPLETE checkpoint directory directly under DIR whose "
@@ -51,7 +54,9 @@ LATEST_DESCRIPTION = (
     "every candidate has one (checkpoint-100 after checkpoint-99), else the latest file "
     "mtime. Directories without files, with missing chunks, or in a directory rename in "
     "flight, or with a damaged manifest (named on stderr) are skipped: resume from what "
-    "this prints. Exit 1 with a message when there "
+    "this prints. With a fast tier, a checkpoint complete there counts (every node that "
+    "mounts with it reads it; a note on stderr says so), unless --durable. Exit 1 with a "
+    "message when there "
     "is none, 2 when the check could not be done. " + STORE_HELP)
 LATEST_EPILOG = (
     "example: ckptfs latest /mnt/ckpt/run7 --pattern 'checkpoint-*'")
@@ -59,10 +64,11 @@ FSCK_DESCRIPTION = (
     "Check the whole store: ckptfs.json, every manifest, directory marker, "
     "trash entry and rename intent (damaged ones are listed), every chunk a manifest "
     "names (missing ones are listed with the file and the writer node), interrupted "
-    "directory renames, and count the unreferenced chunks "
-    "(garbage, not an error). Read-only: it repairs nothing. Exit status: 0 clean, "
-    "1 problems found, 2 the check could not be done (e.g. TARGET is not a ckptfs "
-    "store: no ckptfs.json and no files/ or chunks/). " + WHOLE_STORE_HELP)
+    "directory renames, and count the unreferenced chunks (garbage, not an error); "
+    "with a fast tier, its chunks and pending records too (a chunk damaged there is "
+    "data loss only when the store has no sound copy). Read-only: it repairs nothing. "
+    "Exit status: 0 clean, 1 problems found, 2 the check could not be done (e.g. "
+    "TARGET is not a ckptfs store: no ckptfs.json and no files/ or chunks/). " + WHOLE_STORE_HELP)
 FSCK_EPILOG = (
     "examples: ckptfs fsck s3://bucket/run7 | ckptfs fsck az://container/run7 "
     "--deep | ckptfs fsck gs://bucket/run7 | ckptfs fsck file:///data/ckpt | ckptfs "
