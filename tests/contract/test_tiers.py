@@ -68,6 +68,9 @@ def test_latest_durable_wants_the_object_store_to_have_it_all(
     assert "no durable checkpoint directory matching '*'" in r.stderr
     r = run_cli("latest", str(slow), check=False)  # without the fast tier: nothing
     assert r.returncode == 1, r
+    listed = json.loads(run_cli("ls", str(slow), *tier, "--json").stdout)
+    assert [(f["path"], f["complete"], f["durable"]) for f in listed] == [
+        ("step-1/config.json", True, False), ("step-1/model.pt", True, False)]
     checkpoint(LocalStore(slow), "step-1")  # moved: gen 0 in both, durable
     got = json.loads(run_cli("latest", str(slow), *tier, "--durable", "--json").stdout)
     assert (got["path"], got["durable"], got["files"]) == ("step-1", True, 2)
@@ -78,7 +81,7 @@ def test_a_chunk_in_neither_tier_is_missing(tiers: tuple[Path, Path]) -> None:
     hashes = put_file(LocalStore(fast), "step-1/model.pt", random_bytes(2 * CHUNK),
                       skip=(1,))
     r = run_cli("fsck", str(slow), "--fast-tier", str(fast), check=False)
-    assert r.returncode == 1 and f"MISSING      step-1/model.pt: chunk 1 (" in r.stdout, r
+    assert r.returncode == 1 and "MISSING      step-1/model.pt: chunk 1 (" in r.stdout, r
     assert manifests.chunk_key(hashes[1]) in r.stdout
     r = run_cli("verify", str(slow), "--fast-tier", str(fast), check=False)
     assert r.returncode == 1 and r.stdout.startswith("INCOMPLETE  step-1/model.pt: 1 of 2"), r
