@@ -53,6 +53,7 @@ class DirUsage:
     referenced: Tally = field(default_factory=Tally)     # distinct chunks its files name
     referenced_raw: int = 0  # those chunks' bytes before compression
     unique: Tally = field(default_factory=Tally)         # of those, named by nothing else
+    fast: Tally = field(default_factory=Tally)  # of those, in the fast tier
     pending: Tally = field(default_factory=Tally)  # of those, in the fast tier alone
 
     @property
@@ -73,6 +74,7 @@ class DirUsage:
                 "referenced_raw_bytes": self.referenced_raw,
                 "unique_chunks": self.unique.count, "unique_bytes": self.unique.bytes,
                 "dedup_ratio": self.dedup_ratio, "compression_ratio": self.compression_ratio,
+                "fast_chunks": self.fast.count, "fast_bytes": self.fast.bytes,
                 "pending_chunks": self.pending.count, "pending_bytes": self.pending.bytes}
 
 
@@ -123,10 +125,11 @@ def combine(state: int | None, group: int) -> int:
 
 
 def stored_sizes(store: Store, report: UsageReport, tiers: Tiers | None = None
-                 ) -> tuple[dict[bytes, int], set[bytes]]:
+                 ) -> tuple[dict[bytes, int], set[bytes], set[bytes]]:
     """Chunk name -> stored size, from streamed listings of chunks/ and fossils/; with
-    `tiers`, those of the object store, then of the fast tier's chunks/, and the names
-    of the chunks in the fast tier alone (pending: the movers copy them)."""
+    `tiers`, those of the object store, then of the fast tier's chunks/; and the names
+    of the chunks in the fast tier, and of those in it alone (pending: the movers copy
+    them)."""
     if tiers is not None:
         store = tiers.slow
     sizes: dict[bytes, int] = {}
@@ -146,6 +149,7 @@ def stored_sizes(store: Store, report: UsageReport, tiers: Tiers | None = None
             report.unreferenced.add(info.size)
         else:
             sizes[name] = info.size
+    fast: set[bytes] = set()
     fast_only: set[bytes] = set()
     if tiers is not None:
         report.fast_url = tiers.fast.url
@@ -155,11 +159,12 @@ def stored_sizes(store: Store, report: UsageReport, tiers: Tiers | None = None
                 continue
             report.fast.add(info.size)
             name = bytes.fromhex(h)
+            fast.add(name)
             if name not in sizes:
                 sizes[name] = info.size
                 fast_only.add(name)
                 report.pending.add(info.size)
-    return sizes, fast_only
+    return sizes, fast, fast_only
 
 
 def _manifests(store: Store, infos: Iterator[ObjectInfo], report: UsageReport
@@ -192,7 +197,7 @@ def du(store: Store, path: str = "", tiers: Tiers | None = None) -> UsageReport:
     if path and not listing.objects and not listing.prefixes:
         raise NoEntry(f"no such directory in the store: {path}")
     report = UsageReport(store.url, path, total=DirUsage(path))
-    sizes, fast_only = stored_sizes(store, report, tiers)
+    sizes, fast, fast_only = stored_sizes(store, report, tiers)
     # in step order, as prune and latest order them: checkpoint-2 before checkpoint-10
     names = sorted((p[len(prefix):].rstrip("/") for p in listing.prefixes),
                    key=lambda n: (inspection.checkpoint_order_key(n), n))
@@ -217,6 +222,8 @@ def du(store: Store, path: str = "", tiers: Tiers | None = None) -> UsageReport:
                 seen.add(name)
                 usage.referenced.add(sizes[name])
                 usage.referenced_raw += length
+                if name in fast:
+                    usage.fast.add(sizes[name])
                 if name in fast_only:
                     usage.pending.add(sizes[name])
 
@@ -248,6 +255,8 @@ def du(store: Store, path: str = "", tiers: Tiers | None = None) -> UsageReport:
             continue
         report.total.referenced.add(size)
         report.total.referenced_raw += raw[name]
+        if name in fast:
+            report.total.fast.add(size)
         if name in fast_only:
             report.total.pending.add(size)
         if state == BOTH:

@@ -117,7 +117,7 @@ def test_the_tools_see_both_tiers_while_the_store_lags(proxy: FaultProxy,
     # du: the fast tier's chunks, and what of them S3 lacks, per checkpoint too
     du = json.loads(run_cli("du", url, *tier, "--json").stdout)
     dirs = {d["path"]: d for d in du["dirs"]}
-    assert dirs["step-1"]["pending_bytes"] == 0
+    assert dirs["step-1"]["pending_bytes"] == 0 and dirs["step-1"]["fast_chunks"] == 4
     assert dirs["step-2"]["pending_chunks"] == 5  # 4 of model.bin, 1 of meta.json
     assert du["fast_tier"]["pending_bytes"] == dirs["step-2"]["pending_bytes"] > STEP2_BYTES
     assert du["fast_tier"]["chunks"] == 9 and du["fast_tier"]["pending_records"] >= 2
