@@ -25,6 +25,7 @@ big       A --gib (default 6) GiB torch.save into a mount with --cache-size (def
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_scale.py restore --runs 3
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_scale.py ranks --runs 3 --ranks 2,4
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_scale.py ranks --ranks 1,8 --mib 256 --gil
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_scale.py big --gib 6 --cache-size 2G
 """
 
@@ -49,6 +50,7 @@ from benchlib.harness import (
     SCRIPTS,
     GiB,
     MiB,
+    cpu_seconds,
     drop_caches,
     lazy_unmount,
     median,
@@ -60,6 +62,7 @@ from benchlib.harness import (
     stop_trivial,
     workdir,
 )
+from benchlib.pyspy import Recording, py_spy
 
 from ckptfs.daemon import control
 from ckptfs.daemon.mount import control_socket_path
@@ -306,6 +309,8 @@ def ranks(a: argparse.Namespace, work: Path) -> None:
     counts = [int(x) for x in a.ranks.split(",")]
     results: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     durable: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    cpu: dict[tuple[str, int], list[float]] = collections.defaultdict(list)  # s/GiB
+    gil: dict[tuple[str, int], list[float]] = collections.defaultdict(list)  # s/GiB
     with seaweed(work) as server:
         bucket = server.new_bucket()
         for i in range(a.runs):
@@ -330,27 +335,38 @@ def ranks(a: argparse.Namespace, work: Path) -> None:
                     try:
                         cmds = [[sys.executable, "-c", SAVER, str(mnt / f"rank{r}.pt"), str(r),
                                  str(a.mib), str(SCRIPTS)] for r in range(n)]
-                        profile = None
+                        recording: Recording | None = None
+                        fs_pid = node.pid if node is not None else (
+                            proc.pid if proc is not None else None)
+                        cpu0 = 0.0
 
                         def go(node: Node | None = node, n: int = n, i: int = i,
-                               t: str = t) -> None:
-                            nonlocal profile
+                               t: str = t, fs_pid: int | None = fs_pid) -> None:
+                            nonlocal recording, cpu0
                             settle()
-                            if a.profile and node is not None and n == max(counts) and i == 0:
-                                svg = Path(a.profile) / f"ranks-{t}-{n}.svg"
-                                profile = subprocess.Popen(
-                                    [a.py_spy, "record", "-o", str(svg), "--pid",
-                                     str(node.pid), "--rate", "50", "--nonblocking"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                                time.sleep(1)
+                            graph = (a.profile and node is not None and n == max(counts)
+                                     and i == 0)
+                            if node is not None and (graph or a.gil):
+                                out = (Path(a.profile) / f"ranks-{t}-{n}.svg" if graph
+                                       else work / f"ranks-{t}-{n}-{i}.gil.txt")
+                                recording = Recording(a.py_spy, out, a.gil)
+                                recording.start(node.pid)
+                            if fs_pid is not None:
+                                cpu0 = cpu_seconds(fs_pid)
 
                         res = at_once(cmds, before_go=go)
-                        if profile is not None:
-                            profile.send_signal(2)
-                            profile.wait(60)
+                        gib = n * a.mib / 1024
+                        if fs_pid is not None:
+                            cpu[t, n].append((cpu_seconds(fs_pid) - cpu0) / gib)
+                        held = recording.stop() if recording is not None else None
                         seconds = wall(res)
                         results[t, n].append(seconds)
                         line = f"run {i + 1} ranks={n} {t:8s} save wall {seconds:.2f} s"
+                        if fs_pid is not None:
+                            line += f", file system CPU {cpu[t, n][-1]:.2f} s/GiB"
+                        if held is not None:
+                            gil[t, n].append(held / gib)
+                            line += f", GIL held {gil[t, n][-1]:.2f} s/GiB"
                         if node is not None:
                             node.umount()
                             durable[t, n].append(time.time() - min(r["start"] for r in res))
@@ -380,6 +396,18 @@ def ranks(a: argparse.Namespace, work: Path) -> None:
                         if t.startswith("ck-"))
               + "".join(f" {med(durable[t, n]):17.2f}" for t in targets
                         if t.startswith("ck-")))
+    fs_targets = [t for t in targets if t != "local"]
+    print("\nCPU seconds per GiB saved of the file system's process (trivialfs or the "
+          "ckptfs daemon)" + (", and the seconds per GiB the daemon held the GIL "
+                              "(py-spy --gil), against trivialfs's CPU" if a.gil else ""))
+    print(f"{'ranks':>5s} " + " ".join(f"{t + ' CPU':>14s}" for t in fs_targets)
+          + "".join(f" {t + ' GIL':>14s} {'/trivial CPU':>13s}" for t in fs_targets
+                    if a.gil and t.startswith("ck-")))
+    for n in counts:
+        floor = med(cpu["trivial", n]) if "trivial" in targets else float("nan")
+        print(f"{n:5d} " + " ".join(f"{med(cpu[t, n]):14.2f}" for t in fs_targets)
+              + "".join(f" {med(gil[t, n]):14.2f} {med(gil[t, n]) / floor:13.2f}"
+                        for t in fs_targets if a.gil and t.startswith("ck-")))
     if len(counts) > 1 and "trivial" in targets:
         lo, hi = counts[0], counts[-1]
         for t in targets:
@@ -497,8 +525,10 @@ def main() -> int:
     k.add_argument("--profile", metavar="DIR",
                    help="py-spy flame graphs of the daemon during the first run of the "
                         "largest rank count, one per ckptfs target, into DIR")
-    k.add_argument("--py-spy", default=shutil.which("py-spy")
-                   or str(Path(sys.executable).with_name("py-spy")))
+    k.add_argument("--gil", action="store_true",
+                   help="also the seconds per GiB each ckptfs daemon holds the GIL during "
+                        "the saves (py-spy --gil, every run), against trivialfs's CPU")
+    k.add_argument("--py-spy", default=py_spy() or "py-spy")
     b = sub.add_parser("big", help="a save larger than the cache (item 6)")
     b.add_argument("--gib", type=positive(float), default=6.0)
     b.add_argument("--cache-size", default="2G")
@@ -515,8 +545,9 @@ def main() -> int:
                                                             "ck-dir")]
         if bad:
             ap.error(f"unknown target {bad[0]!r} (one of local, trivial, ck-s3, ck-dir)")
-        if a.profile and not Path(a.py_spy).exists():
-            ap.error(f"--profile needs py-spy: {a.py_spy} not found (--py-spy PATH)")
+        if (a.profile or a.gil) and shutil.which(a.py_spy) is None:
+            ap.error(f"--profile and --gil need py-spy: {a.py_spy} not found (--py-spy "
+                     f"PATH, or .venv/bin/pip install -e '.[bench]')")
         if a.profile:
             Path(a.profile).mkdir(parents=True, exist_ok=True)
     if a.what == "big":

@@ -34,7 +34,8 @@ def format_status(st: dict[str, Any]) -> str:
         f"state        {state_line(st)}",
     ]
     if st.get("fast_tier"):
-        lines.insert(-1, fast_tier_line(st))
+        lines.append(f"fast tier    {fast_tier_line(st)}")
+        lines.append(moving_line(st))
     ap = st.get("autoprune")
     if ap:
         every = f" --keep-every {ap['keep_every']}" if ap["keep_every"] else ""
@@ -52,14 +53,25 @@ def format_status(st: dict[str, Any]) -> str:
 
 
 def fast_tier_line(st: dict[str, Any]) -> str:
+    """The fast tier, usable or not, and what went straight to the store meanwhile."""
+    direct = (f"{st.get('fast_direct_ops', 0)} changes and "
+              f"{human(st.get('fast_direct_bytes', 0))} written straight to the store")
+    if st.get("fast_usable", True):
+        return f"{st['fast_tier']} usable" + (
+            f" ({direct} while it was not)" if st.get("fast_unusable_episodes") else "")
+    since = st.get("fast_unusable_since")
+    return (f"{st['fast_tier']} UNUSABLE since {time.ctime(since) if since else '?'} "
+            f"({st.get('fast_unusable_reason')}): {direct}")
+
+
+def moving_line(st: dict[str, Any]) -> str:
     """A mount with --fast-tier: what its pending records still hold back from the object
     store, and what its mover has moved (a daemon of before has no byte counts)."""
     moved = st.get("fast_moved_bytes")
     error = st.get("fast_last_error")
-    return (f"fast tier    {st['fast_tier']}   pending records "
-            f"{st.get('fast_pending_records', 0)} "
-            f"({human(st.get('fast_pending_bytes', 0))} of files) to move to the store"
-            f"   moved {st.get('fast_moved_records', 0)}"
+    return (f"moving       {st.get('fast_pending_records', 0)} pending records "
+            f"({human(st.get('fast_pending_bytes', 0))} of files) from the fast tier to the "
+            f"store   moved {st.get('fast_moved_records', 0)}"
             + (f" ({human(moved)})" if moved is not None else "")
             + (f"   error: {error}" if error else ""))
 
@@ -196,7 +208,8 @@ def cmd_sync(a: argparse.Namespace) -> int:
     st = sync(mount_of(a.mountpoint), a.timeout, fast=a.fast)
     if a.fast and st.get("fast_tier"):
         print(f"fast-durable: everything closed under {a.mountpoint} is in the fast tier "
-              f"{st['fast_tier']}")
+              f"{st['fast_tier']}" + ("" if st.get("fast_usable", True) else
+                                      " or (while it is unusable) in the store"))
     else:
         print(f"durable: everything closed under {a.mountpoint} is in the store")
     return 0

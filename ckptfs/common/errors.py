@@ -25,8 +25,28 @@ class TransientStoreError(StoreError):
     """Timeouts, 5xx, throttling, refused or reset connections: retry with backoff."""
 
 
+class PartialListing(TransientStoreError):
+    """A listing one tier of a TieredStore could not answer (the object store is
+    unreachable): `objects` and `prefixes` are what the other tier holds, for a caller
+    that can use them as additions to what it knows (never as the whole listing)."""
+
+    def __init__(self, message: str, objects: list[tuple[str, int]],
+                 prefixes: list[str]) -> None:
+        super().__init__(message)
+        self.objects = objects
+        self.prefixes = prefixes
+
+
 class PermanentStoreError(StoreError):
     """No such bucket, access denied, bad credentials: retrying will not help."""
+
+    permanent = True
+
+
+class Deferred(StoreError):
+    """An op that must wait, not fail: with a fast tier that is unusable, an op applied
+    straight to the object store waits until this mount's earlier records have left the
+    fast tier (pipeline/fastfail.py). Retried quietly; never retried per call."""
 
     permanent = True
 

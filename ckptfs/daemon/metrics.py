@@ -44,7 +44,7 @@ class Sample:
     store_errors: dict[tuple[str, str], int]
     fuse_rows: list[Any]
     fuse_errors: dict[tuple[str, str], int]
-    fast: dict[str, Any] | None = None  # with --fast-tier: the mover's statistics
+    fast: dict[str, Any] | None = None  # with --fast-tier: Health's and Mover's statistics
 
 
 class MountCollector(Collector):
@@ -97,7 +97,22 @@ class MountCollector(Collector):
         yield errors("ckptfs_fuse_request_errors", "FUSE requests answered with an error, by "
                      "operation and errno", ("op", "errno"), s.fuse_errors)
         if s.fast is not None:
+            yield from fast_tier(s.fast)
             yield from fast_tier_metrics(s.fast)
+
+
+def fast_tier(st: dict[str, Any]) -> Iterator[Metric]:
+    """A fast tier's health (--fast-tier): usable or not, and what bypassed it."""
+    yield GaugeMetricFamily("ckptfs_fast_tier_usable", "1 while the fast tier takes writes, "
+                            "0 while they go straight to the store", value=int(st["fast_usable"]))
+    yield CounterMetricFamily("ckptfs_fast_tier_unusable_episodes", "times the fast tier was "
+                              "found unusable", value=st["fast_unusable_episodes"])
+    yield CounterMetricFamily("ckptfs_fast_tier_direct_bytes", "bytes written straight to the "
+                              "store while the fast tier was unusable",
+                              value=st["fast_direct_bytes"])
+    yield CounterMetricFamily("ckptfs_fast_tier_direct_ops", "metadata ops applied straight to "
+                              "the store while the fast tier was unusable",
+                              value=st["fast_direct_ops"])
 
 
 #: (metric, MountStatistics field, help) of the counters the mount keeps
@@ -186,9 +201,11 @@ class MetricsServer:
     stopped before trio's loop ends (a scrape reads the mount in trio's thread)."""
 
     def __init__(self, addr: str, fs: CheckpointFS, store_requests: LatencyTable,
-                 fuse_requests: LatencyTable, version: str, store_url: str) -> None:
+                 fuse_requests: LatencyTable, version: str, store_url: str,
+                 fast: Callable[[], dict[str, Any]] | None = None) -> None:
         self.host, self.port = metrics_address(addr)
         self.fs = fs
+        self.fast = fast  # with --fast-tier: its health's statistics
         self.store_requests = store_requests
         self.fuse_requests = fuse_requests
         self.registry = CollectorRegistry(auto_describe=False)
@@ -198,8 +215,6 @@ class MetricsServer:
         self._token: trio.lowlevel.TrioToken | None = None
         self._server: Any = None
         self.address: str | None = None  # HOST:PORT, once listening
-        #: with --fast-tier: the mover's statistics (Mover.statistics), read at each scrape
-        self.fast_statistics: Callable[[], dict[str, Any]] | None = None
 
     def start(self) -> None:
         """Listen (in trio's thread; the HTTP server runs in a thread of its own)."""
@@ -242,4 +257,4 @@ class MetricsServer:
             since_durable=round(time.monotonic() - self.last_durable, 3),
             store_rows=self.store_requests.rows(), store_errors=self.store_requests.errors(),
             fuse_rows=self.fuse_requests.rows(), fuse_errors=self.fuse_requests.errors(),
-            fast=self.fast_statistics() if self.fast_statistics is not None else None)
+            fast=self.fast() if self.fast is not None else None)

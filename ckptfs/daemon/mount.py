@@ -61,7 +61,7 @@ from ckptfs.format.manifests import StoreInfo
 from ckptfs.fs.autoprune import AutoPruner, Policy
 from ckptfs.fs.filesystem import CheckpointFS
 from ckptfs.fs.options import Options
-from ckptfs.pipeline import fastkeep, fasttier
+from ckptfs.pipeline import fastfail, fastkeep, fasttier
 from ckptfs.pipeline.cache import LocalCache
 from ckptfs.pipeline.fetcher import Fetcher
 from ckptfs.pipeline.journal import Journal
@@ -354,6 +354,7 @@ class Parts:
     fuse_requests: LatencyTable | None  # with --metrics-addr: FUSE requests timed
     warmer: Warmer  # `ckptfs warmup` jobs
     mover: fasttier.Mover | None = None  # with --fast-tier
+    health: fastfail.Health | None = None  # with --fast-tier
 
 
 class Daemon:
@@ -371,6 +372,7 @@ class Daemon:
         self.metrics: MetricsServer | None = None  # with --metrics-addr, once built
         self.view: Store = p.store  # what the mount reads: with a fast tier, both tiers
         self.mover: fasttier.Mover | None = None  # with --fast-tier, once built
+        self.health: fastfail.Health | None = None  # with --fast-tier, once built
 
     def run(self) -> int:
         for notice in self.p.notices:  # printed by `ckptfs mount` before the log was open
@@ -396,11 +398,21 @@ class Daemon:
             fuse_requests = LatencyTable(FUSE_BUCKETS, one_thread=True)
             store = TimedStore(p.store, store_requests)
         slow = uploads = store
+        health = None
         if p.fast is not None:  # everything written goes to the fast tier first
-            store = fasttier.view(p.fast, slow)
+            assert cfg.fast_tier is not None
+            health = fastfail.Health(p.fast, cfg.fast_tier,
+                                     f"{cfg.node_id}-{p.journal.get_meta('cache_id')}")
+            view = fasttier.view(p.fast, slow)
             # the uploader deduplicates against the fast tier alone: every chunk a pending
-            # manifest adds is there for the mover, whatever gc does meanwhile
+            # manifest adds is there for the mover, whatever gc does meanwhile; while the
+            # fast tier is unusable, its chunks go to the object store (fastfail.py)
             uploads = TieredStore(p.fast, slow, fast_heads=(manifests.CHUNKS,))
+            uploads.writes_follow = True
+            uploads.wrote_slow = health.count_direct
+            for tiered in (view, uploads):
+                tiered.fast_usable, tiered.fast_failed = health.is_usable, health.judge
+            store = view
         self.view = store
         journal_limiter = trio.CapacityLimiter(1)
         uploader = Uploader(uploads, p.cache, p.journal, journal_limiter, cfg.upload_threads,
@@ -412,8 +424,8 @@ class Daemon:
                               trash_keep=0.0 if p.fast is not None else
                               trash_seconds(cfg.trash_hours), codec_name=p.info.codec)
         mover = None
-        if p.fast is not None:  # the object store's trash is kept by the mover
-            mover = self.fast_mover(p.fast, slow, uploader, publisher)
+        if p.fast is not None and health is not None:  # the mover keeps the store's trash
+            mover = self.fast_mover(p.fast, slow, uploader, publisher, health)
         meta_limiter = trio.CapacityLimiter(LIMITS.metadata_threads)
         meta_limiter.name = "metadata"  # type: ignore[attr-defined]
         fs = CheckpointFS(AsyncStore(store, meta_limiter), p.cache, uploader, fetcher,
@@ -454,24 +466,32 @@ class Daemon:
             from ckptfs.daemon.metrics import MetricsServer
 
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
-                                    __version__, p.store.url)
-            if mover is not None:  # the fast tier's gauges and counters
-                metrics.fast_statistics = mover.statistics
+                                    __version__, p.store.url, fast_statistics(health, mover))
         return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
-                     fuse_requests, warmer, mover)
+                     fuse_requests, warmer, mover, health)
 
     def fast_mover(self, fast: Store, slow: Store, uploader: Uploader,
-                   publisher: Publisher) -> fasttier.Mover:
+                   publisher: Publisher, health: fastfail.Health) -> fasttier.Mover:
         """The fast tier's mover, and the publisher's hooks: each op recorded in the fast
         tier before it is applied there; a delete or rename stays pending here until the
-        mover has it in the object store (else a listing would show the old name again)."""
+        mover has it in the object store (else a listing would show the old name again);
+        while the fast tier is unusable, each op applied straight to the object store once
+        this mount's records are (fastfail.py)."""
         mover = fasttier.Mover(fast, slow, publisher.node_id, publisher.applied,
                                uploader.is_pending)
-        recorder = fasttier.Recorder(fast, publisher.node_id,
-                                     trash_seconds(self.cfg.trash_hours), mover.recorded)
+        mover.fast_usable, mover.fast_failed = health.is_usable, health.judge
+        mover.fast_mounted = health.marker
+        trash_keep = trash_seconds(self.cfg.trash_hours)
+        recorder = fasttier.Recorder(fast, publisher.node_id, trash_keep, mover.recorded)
+        recorder.fast_failed, recorder.mounted = health.judge, health.marker
+        direct = fastfail.Direct(fast, slow, health, mover)
+        recorder.floor = direct.generations
         publisher.before_apply = recorder.before_apply
+        publisher.route, publisher.direct_trash_keep = direct.route, trash_keep
+        publisher.before_direct, publisher.after_direct = direct.before, direct.after
         publisher.hold_after_apply = fasttier.held
         publisher.on_applied = lambda op: mover.wake()
+        health.changed = mover.wake
         mover.on_moved = publisher.release_held
         keep, pattern = self.cfg.fast_keep, self.cfg.keep_pattern
         mover.trim = lambda: fastkeep.trim(fast, slow, keep, pattern)
@@ -479,7 +499,7 @@ class Daemon:
 
     async def main(self) -> int:
         parts = self.build()
-        self.mover = parts.mover
+        self.mover, self.health = parts.mover, parts.health
         fs = parts.fs
         await parts.uploader.resume(self.p.journal.pending_chunks())
         for problem in fs.problems():  # said at every mount until the file is rewritten
@@ -490,6 +510,9 @@ class Daemon:
         self.fuse_started = self.mounted = True
         unmounted = trio.Event()
         async with trio.open_nursery() as nursery:
+            if parts.health is not None:  # before the first record: the marker, a write
+                await trio.to_thread.run_sync(parts.health.check)
+                await nursery.start(parts.health.run)
             if parts.mover is not None:  # its lease taken before the first record
                 await nursery.start(parts.mover.run)
             for service in (parts.uploader.run, parts.fetcher.run, parts.publisher.run,
@@ -575,6 +598,8 @@ class Daemon:
         if self.mover is not None:  # durable: in the object store, not only the fast tier
             st.update(self.mover.statistics(), fast_tier=self.p.fast.url if self.p.fast
                       else None, fast_durable=st["durable"])
+            if self.health is not None:
+                st.update(self.health.statistics())
             st["durable"] = st["durable"] and not self.mover.pending_count()
             st["files"] = files_by_tier(st["files"], self.mover.pending_files())
         return redacted(st)  # printed by status, returned by the Python API
@@ -613,6 +638,15 @@ class Daemon:
         if self.p.fast is not None:
             self.p.fast.close()
         os.close(self.p.lock_fd)
+
+
+def fast_statistics(health: fastfail.Health | None, mover: fasttier.Mover | None
+                    ) -> Callable[[], dict[str, Any]] | None:
+    """What the metrics read of a fast tier at each scrape: its health and its mover's
+    counts (None without one)."""
+    if health is None or mover is None:
+        return None
+    return lambda: {**health.statistics(), **mover.statistics()}
 
 
 def files_by_tier(saving: list[dict[str, Any]], moving: list[tuple[str, int]],

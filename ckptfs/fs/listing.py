@@ -35,6 +35,7 @@ from ckptfs.common.errors import (
     FormatError,
     InvalidKeyError,
     NotFoundError,
+    PartialListing,
     StoreError,
     StoreUnavailable,
 )
@@ -105,6 +106,13 @@ class Lister:
             sent = time.monotonic()
             try:
                 listing = await retrying_async(self.store.list, prefix)
+            except PartialListing as e:  # the object store down, a fast tier's part: add it
+                self._failed_at = dnode.listed_at = time.monotonic()
+                log.warning("cannot list %s/ in the store (serving the cached view and the "
+                            "fast tier's names): %s", path, e)
+                await self._merge(dnode, prefix, e.objects, e.prefixes, applied_before,
+                                  additions=True)
+                return
             except StoreError as e:  # store down: serve what we know, retry after the TTL
                 self._failed_at = time.monotonic()
                 if not dnode.listed:  # nothing known: an empty answer would say "no files"
@@ -171,10 +179,12 @@ class Lister:
         return True
 
     async def _merge(self, dnode: DirNode, prefix: str, objects: list[tuple[str, int]],
-                     prefixes: list[str], applied_before: int, only: str | None = None
-                     ) -> None:
+                     prefixes: list[str], applied_before: int, only: str | None = None,
+                     additions: bool = False) -> None:
         """Merge a LIST of the directory into its children (`only`: a look-up's answer
-        for that one name, which says nothing of the others).
+        for that one name, which says nothing of the others; `additions`: a part of the
+        directory, the fast tier's while the object store is unreachable, which removes
+        nothing).
 
         `applied_before` is the publisher's applied_seq when the LIST was sent: an entry
         changed here by an op with a later seq (or not journaled yet) may be missing or
@@ -196,7 +206,8 @@ class Lister:
             remote_dirs.discard(name)  # deleted or renamed away here, not yet in the store
             remote_files.pop(name, None)
         for name, known in list(dnode.children.items()):
-            if self.pinned(known) or changed_here(name) or only not in (None, name):
+            if (self.pinned(known) or changed_here(name) or only not in (None, name)
+                    or additions):
                 continue
             if name not in (remote_dirs if known.is_dir else remote_files):
                 self._gone(dnode, known)

@@ -37,6 +37,7 @@ from ckptfs.common.errors import (
     CkptfsError,
     ConfigError,
     CorruptChunkError,
+    Deferred,
     FormatError,
     NotFoundError,
     StoreError,
@@ -157,15 +158,20 @@ def attach(url: str, store: Store, create: bool = True) -> Store:
         raise ConfigError(f"--fast-tier {url}: want a directory (on a file system every "
                           f"node shares), not an object store")
     info = store.get_record(manifests.INFO_KEY)
-    if not create and fast.head(manifests.INFO_KEY) is None:
+    try:  # read first: a full or read-only fast tier is mounted all the same (fastfail.py)
+        present: bytes | None = fast.get_record(manifests.INFO_KEY)
+    except NotFoundError:
+        present = None
+    if present is None and not create:
         fast.close()
         raise ConfigError(f"--fast-tier {url} is not a fast tier of {store.url} (no "
                           f"{manifests.INFO_KEY} there): give the --fast-tier its mounts use")
-    if not fast.put_if_absent(manifests.INFO_KEY, info):
-        if fast.get_record(manifests.INFO_KEY) != info:
-            fast.close()
-            raise ConfigError(f"--fast-tier {url} belongs to another store (its ckptfs.json "
-                              f"differs from {store.url}'s): give each store its own")
+    if present is None and not fast.put_if_absent(manifests.INFO_KEY, info):
+        present = fast.get_record(manifests.INFO_KEY)
+    if present is not None and present != info:
+        fast.close()
+        raise ConfigError(f"--fast-tier {url} belongs to another store (its ckptfs.json "
+                          f"differs from {store.url}'s): give each store its own")
     return fast
 
 
@@ -189,10 +195,30 @@ class Recorder:
         self.queue = queue
         self.trash_keep = trash_keep
         self.recorded = recorded  # told of each record (the mover's own queue)
+        #: whether an error of the fast tier says it is unusable (fastfail.Health.judge)
+        self.fast_failed: Callable[[StoreError], bool] = lambda e: False
+        #: whether its ckptfs.json is there (fastfail.Health.marker): checked before and
+        #: after each batch's records, so that none is left unknown in the bare directory
+        #: of an unmounted fast tier
+        self.mounted: Callable[[], bool] = lambda: True
+        #: path -> a generation the next one must exceed (fastfail.Direct.generations:
+        #: published straight to the object store while the fast tier was unusable)
+        self.floor: dict[str, int] = {}
 
     def before_apply(self, batch: list[Op]) -> list[Op]:
         """In the publisher's thread: the batch with each put_file's body given a `gen`,
-        each op recorded in the fast tier first (a replay reuses the record it finds)."""
+        each op recorded in the fast tier first (a replay reuses the record it finds).
+        Deferred when the fast tier fails (the publisher routes the batch again)."""
+        try:
+            return self._record(batch)
+        except StoreError as e:
+            if isinstance(e, Deferred) or not self.fast_failed(e):
+                raise
+            raise Deferred(f"the fast tier failed: {e}") from e
+
+    def _record(self, batch: list[Op]) -> list[Op]:
+        if not self.mounted():
+            raise Deferred("the fast tier is not mounted")
         out = []
         for op in batch:
             key = record_key(self.queue, op.seq)
@@ -207,15 +233,17 @@ class Recorder:
             crash_point("fast_recorded")
             self.recorded(record)
             out.append(record.op)
+        if not self.mounted():  # unmounted meanwhile: a record may be in the bare directory
+            raise Deferred("the fast tier is not mounted")  # kept in own: later ops wait
         return out
 
     def _next_generation(self, path: str) -> int:
-        """Above both the present time (ns) and the fast tier's current version's."""
+        """Above the present time (ns), the fast tier's current version's and the floor."""
         try:
             current = manifests.generation(self.fast.get_record(manifests.file_key(path)))
         except NotFoundError:
             current = 0
-        return max(time.time_ns(), current + 1)
+        return max(time.time_ns(), current + 1, self.floor.get(path, 0) + 1)
 
 
 def _replace_body(op: Op, body: bytes) -> Op:
@@ -494,12 +522,28 @@ class Mover:
         self.trim: Callable[[], object] | None = None
         self._trim_due = True
         self._trim_at = -float("inf")
+        #: the fast tier's health (fastfail.Health), where it can fail: whether it is
+        #: usable, whether an error of it says it is not, whether its ckptfs.json is
+        #: there (a thread's check: an unmounted tier's bare directory lacks it)
+        self.fast_usable: Callable[[], bool] = lambda: True
+        self.fast_failed: Callable[[StoreError], bool] = lambda e: False
+        self.fast_mounted: Callable[[], bool] = lambda: True
         self._sizes: dict[int, int] = {}  # seq -> file size, of pending_files()
 
     def recorded(self, record: Record) -> None:
         """Recorder's callback, from the publisher's thread."""
         with self._own_lock:
             self.own[record.op.seq] = record
+
+    def own_seqs(self) -> list[int]:
+        """The seqs of this mount's records not yet moved."""
+        with self._own_lock:
+            return sorted(self.own)
+
+    def forget(self, seq: int) -> None:
+        """A record of this mount deleted unmoved: its op went straight to the store."""
+        with self._own_lock:
+            self.own.pop(seq, None)
 
     def wake(self) -> None:
         self._wake.set()
@@ -541,8 +585,16 @@ class Mover:
         time has passed since it last did; whether this mount holds it."""
         if time.monotonic() - self._lease_at < self.leases.lease / 3:
             return True
-        if not self.leases.take_over(self.queue, self.leases.store_now()):
-            return False  # another mover holds it (this mount was thought dead): wait
+        try:
+            if not self.leases.take_over(self.queue, self.leases.store_now()):
+                return False  # another mover holds it (this mount was thought dead): wait
+        except StoreError as e:
+            # a full fast tier takes no renewal, but deletes: this mount may go on moving
+            # while its lease is surely not run out (renewed within 2/3 of the lease time)
+            if self.fast_failed(e) and (time.monotonic() - self._lease_at
+                                        < self.leases.lease * 2 / 3):
+                return True
+            raise
         self._lease_at = time.monotonic()
         return True
 
@@ -570,17 +622,31 @@ class Mover:
     def _move_records(self, records: list[Record], moved: list[Op]) -> None:
         """In a thread: move `records` (this mount's, ready, in order) while this mount
         holds its queue's lease; each moved op is appended to `moved`."""
-        if not self._hold_own():
+        if not self.fast_usable():
+            if not self.fast_mounted():
+                return  # its records are hidden: never taken for moved
+            # this mount may not renew its lease (a read-only tier): another node's mover
+            # may have taken the queue and moved some, in order, meanwhile
+            while records and self.replayer.read(records[0].key) is None:
+                if not self.fast_mounted():
+                    return
+                self._moved(records.pop(0), moved)
+        if not records or not self._hold_own():
             return
         self.replayer.keep_alive = self._hold_own
         for record in records:
             current = self.replayer.read(record.key)  # None: another mover moved it
+            if current is None and not self.fast_mounted():
+                return  # or the tier was unmounted meanwhile
             if current is not None:
                 self.replayer.move(current)
-            with self._own_lock:
-                del self.own[record.op.seq]
-            moved.append(record.op)
-            self._trim_due = True
+            self._moved(record, moved)
+
+    def _moved(self, record: Record, moved: list[Op]) -> None:
+        with self._own_lock:
+            del self.own[record.op.seq]
+        moved.append(record.op)
+        self._trim_due = True
 
     def _move_others(self) -> None:
         now = self.leases.store_now()
@@ -597,8 +663,12 @@ class Mover:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Move forever; cancel to stop."""
-        await trio.to_thread.run_sync(self._hold_own)  # before the first record
-        await trio.to_thread.run_sync(self._load_own)
+        try:
+            await trio.to_thread.run_sync(self._hold_own)  # before the first record
+            await trio.to_thread.run_sync(self._load_own)
+        except StoreError as e:
+            if not self.fast_failed(e):
+                raise  # an unusable fast tier: the publisher goes straight to the store
         task_status.started()
         delays = BACKGROUND.delays()
         others_at = 0.0
@@ -606,12 +676,15 @@ class Mover:
             self._wake = trio.Event()
             try:
                 await self._move_own()
-                if time.monotonic() - others_at > self.leases.lease / 3:
+                if not self.fast_usable():
+                    pass  # other queues and trimming wait until it is usable again
+                elif time.monotonic() - others_at > self.leases.lease / 3:
                     others_at = time.monotonic()
                     await trio.to_thread.run_sync(self._hold_own)
                     await trio.to_thread.run_sync(self._move_others)
                     self._trim_due = True
                 if (self.trim is not None and self._trim_due and not self.own
+                        and self.fast_usable()
                         and time.monotonic() - self._trim_at >= TRIM_GAP):
                     self._trim_due, self._trim_at = False, time.monotonic()
                     await trio.to_thread.run_sync(self.trim)
@@ -622,7 +695,9 @@ class Mover:
             except StoreError as e:
                 self.healthy = False
                 self.last_error = f"{type(e).__name__}: {e}"
-                log.warning("moving pending records to the store failed (retrying): %s", e)
+                if not self.fast_failed(e):  # else said once, by the fast tier's health
+                    log.warning("moving pending records to the store failed (retrying): %s",
+                                e)
                 await trio.sleep(next(delays))
 
     async def wait_moved(self) -> None:
@@ -640,7 +715,7 @@ class Mover:
         moved = self.replayer.moved
         return {"fast_pending_records": len(self.own), "fast_moved_records": moved.records,
                 "fast_last_error": self.last_error,
-                # what `status` and the metrics show of the tiers (tools/tiers.py's view)
+                # what `status` and the metrics show of what is left to move
                 "fast_pending_bytes": sum(size for _, size in self.pending_files()),
                 "fast_moved_bytes": moved.file_bytes, "fast_moved_chunks": moved.chunks,
                 "fast_copied_bytes": moved.chunk_bytes, "fast_lost_chunks": moved.lost}

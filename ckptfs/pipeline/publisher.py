@@ -58,6 +58,7 @@ from ckptfs.common.config import LIMITS
 from ckptfs.common.crashpoints import crash_point
 from ckptfs.common.errors import (
     CkptfsError,
+    Deferred,
     FormatError,
     InvalidKeyError,
     JournalError,
@@ -75,6 +76,8 @@ from ckptfs.tools import retention, trash
 log = logging.getLogger(__name__)
 
 DELETES = ("delete_file", "delete_dir")
+#: seconds between two looks at a Deferred batch (fastfail.py: it waits for the mover)
+DEFER_WAIT = 0.2
 #: seconds: a put_file op applied later than this after it was journaled (monotonic
 #: clock) has its chunks re-confirmed first (module docstring): manifests.CONFIRM_WINDOW,
 #: the window gc's grace rests on (a module attribute here, so that tests can shorten it)
@@ -141,6 +144,15 @@ class Publisher:
         #: with a fast tier: whether an op's paths stay pending (is_pending) once applied,
         #: until release(op): a delete or rename is in the object store only then
         self.hold_after_apply: Callable[[Op], bool] | None = None
+        #: with a fast tier (fastfail.py): called in trio's thread with each batch, the
+        #: store to apply it to instead of `store` (the fast tier is unusable: straight to
+        #: the object store), None for `store`; raises Deferred when the batch must wait
+        self.route: Callable[[list[Op]], Store | None] | None = None
+        #: with a fast tier: a routed batch's ops before (in the applying thread; returns
+        #: the ops to apply) and after it is applied so
+        self.before_direct: Callable[[list[Op]], list[Op]] | None = None
+        self.after_direct: Callable[[list[Op]], None] | None = None
+        self.direct_trash_keep = 0.0  # trash_keep of the batches applied so
         self._held: set[int] = set()  # seqs of the ops held so
         self._held_paths: Counter[str] = Counter()  # and their paths
 
@@ -272,16 +284,26 @@ class Publisher:
                     if op.kind not in DELETES:
                         break
                     batch.append(op)
+            direct: Store | None = None
             try:
-                to_confirm = self._to_confirm(batch[0])
-                if to_confirm is None or to_confirm:
-                    await self._confirm_chunks(batch[0], to_confirm)
-                to_apply = batch
-                if self.before_apply is not None:
-                    to_apply = await trio.to_thread.run_sync(self.before_apply, batch,
-                                                             limiter=self.limiter)
-                await trio.to_thread.run_sync(self._apply_sync, to_apply, limiter=self.limiter)
+                direct = self.route(batch) if self.route is not None else None
+                if direct is not None:
+                    await self._apply_direct(batch, direct)
+                else:
+                    to_confirm = self._to_confirm(batch[0])
+                    if to_confirm is None or to_confirm:
+                        await self._confirm_chunks(batch[0], to_confirm)
+                    to_apply = batch
+                    if self.before_apply is not None:
+                        to_apply = await trio.to_thread.run_sync(self.before_apply, batch,
+                                                                 limiter=self.limiter)
+                    await trio.to_thread.run_sync(self._apply_sync, to_apply,
+                                                  limiter=self.limiter)
                 self.last_error = None
+            except Deferred as e:  # not a failure: said once by whoever defers it
+                self.last_error = str(e)
+                await trio.sleep(DEFER_WAIT)
+                continue
             except StoreError as e:
                 self.healthy = False
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -310,7 +332,8 @@ class Publisher:
             for op in batch:
                 self._queue.popleft()
                 self.release(op)
-                if applied and self.hold_after_apply is not None and self.hold_after_apply(op):
+                if (applied and direct is None and self.hold_after_apply is not None
+                        and self.hold_after_apply(op)):
                     self._held.add(op.seq)
                     self._held_paths.update(p for p in (op.path, op.path2) if p is not None)
                 self.applied_seq = max(self.applied_seq, op.seq)
@@ -324,6 +347,20 @@ class Publisher:
                     self.on_applied(op)
             async with self._changed:
                 self._changed.notify_all()
+
+    async def _apply_direct(self, batch: list[Op], store: Store) -> None:
+        """Apply the batch to `store` (route): a put_file's chunks are each confirmed in
+        it first (rule W3), the journaled ones too, since they may go to the fast tier
+        (once it is back) with no record to bring them here."""
+        if batch[0].kind == "put_file":
+            await self._confirm_chunks(batch[0], None, store)
+        to_apply = batch
+        if self.before_direct is not None:
+            to_apply = await trio.to_thread.run_sync(self.before_direct, batch,
+                                                     limiter=self.limiter)
+        await trio.to_thread.run_sync(self._apply_sync, to_apply, store, limiter=self.limiter)
+        if self.after_direct is not None:
+            await trio.to_thread.run_sync(self.after_direct, to_apply, limiter=self.limiter)
 
     def statistics(self) -> dict[str, object]:
         return {"pending_ops": len(self._queue), "applied_ops": self.applied_ops,
@@ -342,10 +379,11 @@ class Publisher:
             return None
         return self._stale.get(op.seq, frozenset())
 
-    async def _confirm_chunks(self, op: Op, only: frozenset[str] | None = None) -> None:
+    async def _confirm_chunks(self, op: Op, only: frozenset[str] | None = None,
+                              store: Store | None = None) -> None:
         """Make sure every chunk (or each of `only`) of the manifest of a put_file op is
-        in the store (module docstring); StoreError if the store fails (the op is
-        retried)."""
+        in the store (module docstring), or in `store` (then the chunks journaled for
+        upload here too); StoreError if the store fails (the op is retried)."""
         manifest = manifest_of(op)
         if manifest is None or not manifest.chunks:
             return
@@ -355,8 +393,8 @@ class Publisher:
             if only is None or chunk_hash in only:
                 spans.setdefault(chunk_hash, []).append((offset, length))
         try:  # journaled chunks are this node's uploader's to put in the store
-            journaled = await trio.to_thread.run_sync(self.journal.journaled_among, spans,
-                                                      limiter=self.journal_limiter)
+            journaled = set() if store is not None else await trio.to_thread.run_sync(
+                self.journal.journaled_among, spans, limiter=self.journal_limiter)
         except JournalError as e:
             log.warning("could not read the journal (cache disk full?): %s", e)
             journaled = set()
@@ -364,10 +402,11 @@ class Publisher:
         st = (self.cache.staging.get(op.staging_id)
               if self.cache is not None and op.staging_id is not None else None)
         fd = st.fd if st is not None else -1  # kept open: _hold_staging
-        why = ("before its late publish" if only is None
+        why = ("before its publish straight to the store (the fast tier is unusable)"
+               if store is not None else "before its late publish" if only is None
                else "freed from the cache while it was open, before its publish")
         lost = await trio.to_thread.run_sync(self._confirm_sync, op.path, todo, fd, why,
-                                             limiter=self.limiter)
+                                             store, limiter=self.limiter)
         stale = self._stale.get(op.seq, frozenset())
         for chunk_hash in lost:
             if (op.seq, chunk_hash) not in self._reported:
@@ -390,43 +429,48 @@ class Publisher:
 
     # -- in a thread ---------------------------------------------------------------------
     def _confirm_sync(self, path: str, spans: dict[str, list[tuple[int, int]]],
-                      fd: int, why: str) -> list[str]:
+                      fd: int, why: str, store: Store | None = None) -> list[str]:
         """HEAD each chunk; put back a missing one from fossils/, else from the staging
         file `fd` (-1: none) at one of its `spans`. Returns the chunks still missing.
         `why` ends the log line."""
         start = time.monotonic()
         with ThreadPoolExecutor(LIMITS.confirm_threads) as pool:
-            found = dict(zip(spans, pool.map(self.present_or_restored, spans),
-                             strict=True))
+            found = dict(zip(spans, pool.map(
+                lambda h: self.present_or_restored(h, store), spans), strict=True))
         missing = [h for h, how in found.items() if how is None]
         with ThreadPoolExecutor(LIMITS.confirm_uploads) as pool:
             uploaded = dict(zip(missing, pool.map(
-                lambda h: self.upload_from_staging(h, fd, spans[h]), missing), strict=True))
+                lambda h: self.upload_from_staging(h, fd, spans[h], store), missing),
+                strict=True))
         lost = [h for h, ok in uploaded.items() if not ok]
         restored = sum(1 for how in found.values() if how == "fossil")
-        log.log(logging.WARNING if restored or missing else logging.INFO,
+        # straight to the store, chunks still to upload are expected: put from staging
+        log.log(logging.WARNING if restored or (lost if store is not None else missing)
+                else logging.INFO,
                 "re-confirmed the %d chunks of %s %s in %.2fs: %d copied back from "
                 "fossils/, %d uploaded again from staging, %d lost",
                 len(spans), path, why, time.monotonic() - start, restored,
                 len(missing) - len(lost), len(lost))
         return lost
 
-    def present_or_restored(self, chunk_hash: str) -> str | None:
-        """'present' if the chunk is in the store, 'fossil' if it was just copied back
-        from fossils/, None if neither."""
-        size = self.store.head(manifests.chunk_key(chunk_hash))
+    def present_or_restored(self, chunk_hash: str, store: Store | None = None) -> str | None:
+        """'present' if the chunk is in the store (or `store`), 'fossil' if it was just
+        copied back from fossils/, None if neither."""
+        store = self.store if store is None else store
+        size = store.head(manifests.chunk_key(chunk_hash))
         if size is not None and size >= codec.HEADER_SIZE:  # not a PUT torn by a crash
             return "present"
         try:
-            self.store.copy(manifests.fossil_key(chunk_hash), manifests.chunk_key(chunk_hash))
+            store.copy(manifests.fossil_key(chunk_hash), manifests.chunk_key(chunk_hash))
         except NotFoundError:
             return None
         return "fossil"  # the fossil stays: gc deletes it, or restores it, later
 
     def upload_from_staging(self, chunk_hash: str, fd: int,
-                            spans: list[tuple[int, int]]) -> bool:
-        """PUT the chunk from the staging file if it holds it at one of `spans` (only
-        the chunks that were local in the version are there: the hash decides)."""
+                            spans: list[tuple[int, int]], store: Store | None = None) -> bool:
+        """PUT the chunk from the staging file (into the store, or `store`) if it holds it
+        at one of `spans` (only the chunks that were local in the version are there: the
+        hash decides)."""
         if fd < 0:
             return False
         for offset, length in spans:
@@ -437,71 +481,80 @@ class Publisher:
                 return False
             if len(data) == length and codec.chunk_hash(data) == chunk_hash:
                 parts, _ = codec.encode_chunk_parts(data, self.codec_name)
-                self.store.put_parts(manifests.chunk_key(chunk_hash), parts)
+                (self.store if store is None else store).put_parts(
+                    manifests.chunk_key(chunk_hash), parts)
                 return True
         return False
 
-    def _apply_sync(self, batch: list[Op]) -> None:
+    def _apply_sync(self, batch: list[Op], to: Store | None = None) -> None:
+        """Apply the batch to the store (or `to`, keeping the trash for direct_trash_keep)."""
+        store = self.store if to is None else to
+        keep = self.trash_keep if to is None else self.direct_trash_keep
         if batch[0].kind in DELETES:
             keys = [manifests.file_key(op.path) if op.kind == "delete_file"
                     else manifests.dir_key(op.path) for op in batch]
-            if self.trash_keep:  # entries before their directory's marker, as rm -rf does
-                trash.keep_all(self.store, keys, self._trash_batch(batch[0]))
-            self.store.delete_many(keys)
+            if keep:  # entries before their directory's marker, as rm -rf does
+                trash.keep_all(store, keys, self._trash_batch(batch[0], keep))
+            store.delete_many(keys)
             return
         op = batch[0]
         if op.kind == "put_file":
-            self.store.put(manifests.file_key(op.path), op.body or b"")
+            store.put(manifests.file_key(op.path), op.body or b"")
         elif op.kind == "keep_version":
-            if self.trash_keep:  # the batch from the op: the same key on a replay
-                trash.keep_version(self.store, op.path, op.body or b"", self._trash_batch(op))
+            if keep:  # the batch from the op: the same key on a replay
+                trash.keep_version(store, op.path, op.body or b"", self._trash_batch(op, keep))
         elif op.kind == "put_dir":
-            self.store.put(manifests.dir_key(op.path), op.body or b"")
+            store.put(manifests.dir_key(op.path), op.body or b"")
         elif op.kind == "rename_file":
             assert op.path2 is not None
-            self._rename_file(op.path, op.path2, op)
+            self._rename_file(op.path, op.path2, op, store, keep)
         elif op.kind == "rename_dir":
             assert op.path2 is not None
             intent = f"{manifests.INTENTS}{self.node_id}-{op.seq}.json"
-            self.store.put(intent, RenameIntent(op.path, op.path2, self.node_id,
-                                                time.time()).to_json())
+            store.put(intent, RenameIntent(op.path, op.path2, self.node_id,
+                                           time.time()).to_json())
             crash_point("rename_dir_intent")
             try:
-                self._rename_dir(op.path, op.path2)
+                self._rename_dir(op.path, op.path2, store)
             except InvalidKeyError:  # refused before any copy (check_length): never doable
-                self.store.delete(intent)
+                store.delete(intent)
                 raise
-            self.store.delete(intent)
+            store.delete(intent)
         else:
             log.error("unknown op kind %r in journal, skipped", op.kind)
 
-    def _trash_batch(self, op: Op) -> str:
+    def _trash_batch(self, op: Op, keep: float | None = None) -> str:
         """The trash batch of the ops applied with `op` first: the same on a replay."""
-        return trash.batch_id(self.trash_keep, op.seq, self.node_id, op.journaled_at)
+        return trash.batch_id(self.trash_keep if keep is None else keep, op.seq,
+                              self.node_id, op.journaled_at)
 
-    def _rename_file(self, src: str, dst: str, op: Op | None = None) -> None:
-        if op is not None and self.trash_keep and (
-                self.store.head(manifests.file_key(src)) is not None):
+    def _rename_file(self, src: str, dst: str, op: Op | None = None,
+                     store: Store | None = None, keep: float | None = None) -> None:
+        store = self.store if store is None else store
+        keep = self.trash_keep if keep is None else keep
+        if op is not None and keep and (
+                store.head(manifests.file_key(src)) is not None):
             # the file it replaces, if any, goes to the trash (not on a replay after the
             # rename was done: the source is gone then, and dst holds the renamed file)
-            trash.keep(self.store, manifests.file_key(dst), self._trash_batch(op))
+            trash.keep(store, manifests.file_key(dst), self._trash_batch(op, keep))
         try:
-            self.store.copy(manifests.file_key(src), manifests.file_key(dst))
+            store.copy(manifests.file_key(src), manifests.file_key(dst))
         except NotFoundError:
-            if self.store.head(manifests.file_key(dst)) is None:
+            if store.head(manifests.file_key(dst)) is None:
                 log.warning("rename %s -> %s: source is gone from the store", src, dst)
             return  # replay after the copy and delete were done
-        self.store.delete(manifests.file_key(src))
+        store.delete(manifests.file_key(src))
 
-    def _rename_dir(self, src: str, dst: str) -> None:
+    def _rename_dir(self, src: str, dst: str, store: Store | None = None) -> None:
+        store = self.store if store is None else store
         start = time.monotonic()
         old_prefix, new_prefix = manifests.dir_key(src), manifests.dir_key(dst)
-        keys = [k for k, _ in self.store.list(old_prefix, delimiter=None).objects]
+        keys = [k for k, _ in store.list(old_prefix, delimiter=None).objects]
         for key in keys:  # a key too long for the store fails the rename before any copy
-            self.store.check_length(new_prefix + key[len(old_prefix):])
+            store.check_length(new_prefix + key[len(old_prefix):])
         with ThreadPoolExecutor(LIMITS.rename_threads) as pool:
-            list(pool.map(lambda k: self._copy_if_present(k, new_prefix + k[len(old_prefix):]),
-                          keys))
+            list(pool.map(lambda k: self._copy_if_present(
+                k, new_prefix + k[len(old_prefix):], store), keys))
         crash_point("rename_dir_copied")
         # a directory without a marker of its own still gets one; but on a replay the old
         # marker may already have been moved: keep that one (its mode and mtime)
@@ -509,9 +562,9 @@ class Publisher:
         # children before their directory's marker, depth by depth, and the markers of
         # directories without one: else some stores (SeaweedFS) keep the emptied
         # directories, and list them as common prefixes (seen with Orbax's commit)
-        retention.delete_tree(self.store, old_prefix, keys)
-        if not had_marker and self.store.head(new_prefix) is None:
-            self.store.put(new_prefix, b"")
+        retention.delete_tree(store, old_prefix, keys)
+        if not had_marker and store.head(new_prefix) is None:
+            store.put(new_prefix, b"")
         log.info("renamed directory %s -> %s (%d keys) in %.2fs", src, dst, len(keys),
                  time.monotonic() - start)
 
@@ -540,9 +593,9 @@ class Publisher:
             done += 1
         return done
 
-    def _copy_if_present(self, src_key: str, dst_key: str) -> None:
+    def _copy_if_present(self, src_key: str, dst_key: str, store: Store | None = None) -> None:
         try:
-            self.store.copy(src_key, dst_key)
+            (self.store if store is None else store).copy(src_key, dst_key)
         except NotFoundError:
             pass
 

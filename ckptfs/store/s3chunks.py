@@ -30,6 +30,18 @@ PLAIN_KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 #: chunks go through boto3 as everything else does
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
               "all_proxy")
+#: variables obstore reads (it reads AWS_* variables whatever it is given) that botocore
+#: does not, and that would change its requests: with one set, chunks would be written or
+#: read otherwise than records (encrypted with another key, sent elsewhere, charged to
+#: the requester), so they go through boto3 as everything else does. The settings
+#: ckptfs gives obstore itself (region, endpoint, addressing, payload signing,
+#: credentials) take precedence over the variables of the same name.
+OBSTORE_ONLY_VARS = ("AWS_SERVER_SIDE_ENCRYPTION", "AWS_SSE_KMS_KEY_ID",
+                     "AWS_SSE_BUCKET_KEY_ENABLED", "AWS_SSE_CUSTOMER_KEY_BASE64",
+                     "AWS_REQUEST_PAYER", "AWS_CHECKSUM_ALGORITHM", "AWS_S3_EXPRESS",
+                     "AWS_SKIP_SIGNATURE")
+#: ... and the one that would send chunks to another endpoint when ckptfs names none
+OBSTORE_ENDPOINT_VAR = "AWS_ENDPOINT"
 #: how long obstore keeps a credential from boto3's chain before asking it again (boto3
 #: refreshes an expiring one itself, on that call)
 CREDENTIAL_TTL = timedelta(seconds=60)
@@ -48,10 +60,15 @@ def unusable(client: Any, endpoint_url: str | None, session: Any) -> str | None:
     """Why chunk requests cannot go through obstore with the same settings as the boto3
     `client` (None: they can): a proxy, an endpoint variant obstore does not build
     (accelerate, dual-stack, FIPS), no credentials or, on AWS, no region (boto3's
-    request says what is missing), or a process forked after obstore was started in
-    its parent."""
+    request says what is missing), a variable only obstore would apply
+    (OBSTORE_ONLY_VARS), or a process forked after obstore was started in its parent."""
     if _started_in not in (None, os.getpid()):
         return "obstore's runtime was started before this process was forked"
+    only_obstore = [v for v in OBSTORE_ONLY_VARS if os.environ.get(v)]
+    if not endpoint_url and os.environ.get(OBSTORE_ENDPOINT_VAR):
+        only_obstore.append(OBSTORE_ENDPOINT_VAR)
+    if only_obstore:
+        return f"${only_obstore[0]} is set, which obstore alone would apply"
     config = client.meta.config
     s3 = config.s3 or {}
     if any(os.environ.get(v) for v in PROXY_VARS) or config.proxies:

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
-from ckptfs.common.errors import NotFoundError
+from ckptfs.common.errors import Deferred, NotFoundError, PartialListing, StoreError
 from ckptfs.store.base import Listing, ObjectInfo, Store
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _usable() -> bool:
+    return True
+
+
+def _not_failed(error: StoreError) -> bool:
+    return False
+
+
+def _ignore(nbytes: int) -> None:
+    pass
 
 
 def _fast_wins(fast: bytes, slow: bytes) -> bool:
@@ -29,6 +44,15 @@ class TieredStore(Store):
     view: it deduplicates chunks against the fast tier alone). The store knows nothing
     of what the keys mean: its caller names the prefixes and the comparison
     (docs/ARCHITECTURE.md, "Layers").
+
+    The fast tier can fail (full, read-only, unmounted): the caller's `fast_failed(e)`
+    says whether an error of the fast tier means that it is unusable (the caller then
+    knows, and `fast_usable()` says False until it finds it usable again). A read it
+    fails so goes to the slow tier. With `writes_follow`, so do the puts: to the slow
+    tier while `fast_usable()` is False, and at once when a put into the fast tier fails
+    so (the uploader's chunks: its caller publishes their manifest straight to the slow
+    tier then). A read of a record the slow tier cannot answer (it is unreachable) is the
+    fast tier's copy where it has one.
     """
 
     def __init__(self, fast: Store, slow: Store, compare_prefix: str = "",
@@ -42,17 +66,51 @@ class TieredStore(Store):
         self.newer = newer
         self.url = slow.url
         self.atomic_create = fast.atomic_create
+        self.fast_usable: Callable[[], bool] = _usable
+        self.fast_failed: Callable[[StoreError], bool] = _not_failed
+        self.writes_follow = False  # puts go to the slow tier while the fast one fails
+        self.wrote_slow: Callable[[int], object] = _ignore  # told of the bytes put so
+
+    def _write(self, call: Callable[[Store], T], nbytes: int = 0) -> T:
+        """`call` on the fast tier; with writes_follow, on the slow one instead while the
+        fast one is unusable or when the call finds it so; without, Deferred when it
+        finds it so (the caller decides where the write goes then)."""
+        if not (self.writes_follow and not self.fast_usable()):
+            try:
+                return call(self.fast)
+            except NotFoundError:
+                raise
+            except StoreError as e:
+                if not self.fast_failed(e):
+                    raise
+                if not self.writes_follow:
+                    raise Deferred(f"the fast tier failed: {e}") from e
+        result = call(self.slow)
+        self.wrote_slow(nbytes)
+        return result
+
+    def _read(self, call: Callable[[Store], T]) -> T:
+        """`call` on the fast tier, NotFoundError if it has nothing; an error that says the
+        fast tier is unusable is NotFoundError too (the slow tier is asked)."""
+        try:
+            return call(self.fast)
+        except NotFoundError:
+            raise
+        except StoreError as e:
+            if not self.fast_failed(e):
+                raise
+        raise NotFoundError("the fast tier is unusable")
 
     # -- writes: the fast tier
 
     def put(self, key: str, data: bytes | memoryview) -> None:
-        self.fast.put(key, data)
+        self._write(lambda s: s.put(key, data), len(data))
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
-        return self.fast.put_if_absent(key, data)
+        return self._write(lambda s: s.put_if_absent(key, data), len(data))
 
     def put_parts(self, key: str, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        self.fast.put_parts(key, parts)
+        self._write(lambda s: s.put_parts(key, parts), sum(len(p) for p in parts))
 
     def delete(self, key: str) -> None:
         self.fast.delete(key)
@@ -81,7 +139,7 @@ class TieredStore(Store):
 
     def get(self, key: str, limit: int | None = None) -> bytes:
         try:
-            data = self.fast.get(key, limit)
+            data = self._read(lambda s: s.get(key, limit))
         except NotFoundError:
             if key.startswith(self.fast_only):
                 raise
@@ -91,23 +149,36 @@ class TieredStore(Store):
                 other = self.slow.get(key, limit)
             except NotFoundError:
                 return data
+            except StoreError as e:
+                if e.permanent:
+                    raise
+                return data  # the slow tier unreachable: the fast tier's copy
             return data if self.newer(data, other) else other
         return data
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         try:
-            return self.fast.get_range(key, start, end)
+            return self._read(lambda s: s.get_range(key, start, end))
         except NotFoundError:
             return self.slow.get_range(key, start, end)
 
     def head(self, key: str) -> int | None:
-        size = self.fast.head(key)
+        if (self.writes_follow and self.fast_heads and key.startswith(self.fast_heads)
+                and not self.fast_usable()):
+            return self.slow.head(key)  # its puts go there meanwhile
+        try:
+            size = self._read(lambda s: s.head(key))
+        except NotFoundError:
+            size = None
         if size is not None or (self.fast_heads and key.startswith(self.fast_heads)):
             return size
         return self.slow.head(key)
 
     def stat(self, key: str) -> ObjectInfo | None:
-        info = self.fast.stat(key)
+        try:
+            info = self._read(lambda s: s.stat(key))
+        except NotFoundError:
+            info = None
         return info if info is not None else self.slow.stat(key)
 
     def local_path(self, key: str) -> str | None:
@@ -118,10 +189,31 @@ class TieredStore(Store):
     def list(self, prefix: str, delimiter: str | None = "/") -> Listing:
         if prefix.startswith(self.fast_only) and self.fast_only:
             return self.fast.list(prefix, delimiter)
-        return _union(self.fast.list(prefix, delimiter), self.slow.list(prefix, delimiter))
+        fast = self._listed(lambda s: s.list(prefix, delimiter))
+        try:
+            slow = self.slow.list(prefix, delimiter)
+        except StoreError as e:
+            if e.permanent:
+                raise
+            raise PartialListing(str(e), fast.objects, fast.prefixes) from e
+        return _union(fast, slow)
 
     def list_entry(self, prefix: str, name: str) -> Listing:
-        return _union(self.fast.list_entry(prefix, name), self.slow.list_entry(prefix, name))
+        fast = self._listed(lambda s: s.list_entry(prefix, name))
+        try:
+            slow = self.slow.list_entry(prefix, name)
+        except StoreError as e:
+            if e.permanent or not (fast.objects or fast.prefixes):
+                raise
+            return fast  # the slow tier unreachable: the entry exists, as the fast tier has it
+        return _union(fast, slow)
+
+    def _listed(self, call: Callable[[Store], Listing]) -> Listing:
+        """The fast tier's listing; an empty one where it is unusable."""
+        try:
+            return self._read(call)
+        except NotFoundError:
+            return Listing([], [])
 
     def scan(self, prefix: str) -> Iterator[ObjectInfo]:
         seen: set[str] = set()

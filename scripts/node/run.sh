@@ -18,7 +18,7 @@
 # log.txt (all of it, with the node's facts), bench.txt, ranks.txt, cold-read.txt, and
 # prof/ with PROFILE=1. Knobs, with their defaults (quick's in brackets):
 #   bench      GIB=1 [0.25]  RUNS=3 [1]  TARGETS=local,trivial,raw-s3,ck-s3,ck-dir
-#              GIL=1 (0: no py-spy beside the daemon)
+#              GIL=1 (0: no py-spy beside the daemons of bench and ranks)
 #              PROFILE=0 (1: flame graphs in OUT/prof: bench's daemons, GIL holders
 #              only, and the ranks' daemon)
 #   ranks      RANK_MIB=256 [64]  RANKS=8 [2]  RANK_RUNS=1  RANK_TARGETS=local,trivial,ck-s3
@@ -99,7 +99,8 @@ step() {  # NAME COMMAND...: run one step, its output also in OUT/NAME.txt; go o
   echo "== $name, $(date -u +%T): $*"
   timeout "${STEP_S:-900}" "$@" 2>&1 | tee "$OUT/$name.txt" || echo "run.sh: $name failed"
 }
-prof=() rprof=()
+prof=() rprof=() gil=()
+if [ "${GIL:-1}" = 1 ]; then gil=(--gil); fi
 if [ "${PROFILE:-0}" = 1 ]; then
   mkdir -p "$OUT/prof"
   prof=(--profile "$OUT/prof")
@@ -107,14 +108,13 @@ if [ "${PROFILE:-0}" = 1 ]; then
 fi
 runs() { [ "$what" = "$1" ] || [ "$what" = all ] || [ "$what" = quick ]; }
 if runs bench; then
-  gil=()
-  if [ "${GIL:-1}" = 1 ]; then gil=(--gil); fi
   step bench "$PY" scripts/bench.py --gib "${GIB:-1}" --runs "${RUNS:-3}" \
     --targets "${TARGETS:-local,trivial,raw-s3,ck-s3,ck-dir}" "${gil[@]}" "${prof[@]}"
 fi
 if runs ranks; then
   step ranks "$PY" scripts/bench_scale.py ranks --mib "${RANK_MIB:-256}" --ranks "${RANKS:-8}" \
-    --runs "${RANK_RUNS:-1}" --targets "${RANK_TARGETS:-local,trivial,ck-s3}" "${rprof[@]}"
+    --runs "${RANK_RUNS:-1}" --targets "${RANK_TARGETS:-local,trivial,ck-s3}" "${gil[@]}" \
+    "${rprof[@]}"
 fi
 if runs cold-read; then
   variants=() vargs=()

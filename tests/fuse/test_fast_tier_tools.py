@@ -77,8 +77,9 @@ def test_the_tools_see_both_tiers_while_the_store_lags(proxy: FaultProxy,
     assert moving["step-2/model.bin"]["fast_durable"] is True
     assert moving["step-2/model.bin"]["durable"] is False
     text = run_cli("status", str(a.path)).stdout
-    assert (f"fast tier    file://{fast}   pending records {st['fast_pending_records']} "
-            f"({STEP2_BYTES / MiB:.1f} MiB of files) to move to the store") in text, text
+    assert (f"moving       {st['fast_pending_records']} pending records "
+            f"({STEP2_BYTES / MiB:.1f} MiB of files) from the fast tier to the store"
+            in text), text
     metrics = scrape(st["metrics_addr"])
     assert metrics["ckptfs_fast_tier_pending_bytes"] == STEP2_BYTES
     assert metrics["ckptfs_fast_tier_pending_records"] == st["fast_pending_records"]

@@ -164,6 +164,23 @@ def test_chunk_requests_map_every_answer_to_the_error_class_boto3_gives(
         assert "chunks/ab/c2" in str(caught.value)
 
 
+@pytest.mark.parametrize("var", ["AWS_SERVER_SIDE_ENCRYPTION", "AWS_REQUEST_PAYER"])
+def test_a_variable_only_obstore_reads_sends_chunks_through_boto3(
+        s3: FakeS3, monkeypatch: pytest.MonkeyPatch, var: str) -> None:
+    """obstore reads AWS_* variables of its own whatever it is given: with one set that
+    botocore ignores (server-side encryption, requester pays), chunks would be written
+    otherwise than records, so they go through boto3 and the log says why."""
+    monkeypatch.setenv(var, "aws:kms" if "ENCRYPTION" in var else "requester")
+    store = S3Store(BUCKET, "", s3.endpoint, read_timeout=5)
+    data = random_bytes(1000)
+    store.put_parts("chunks/ab/c1", [data])
+    assert bytes(store.get_buffer("chunks/ab/c1")) == data
+    assert store.chunks_through_boto3 == f"${var} is set, which obstore alone would apply"
+    assert s3.agents and all("Botocore" in agent for agent in s3.agents)
+    assert not [h for h in s3.put_headers if "x-amz-server-side-encryption" in h
+                or "x-amz-request-payer" in h]
+
+
 def test_a_forked_child_sends_its_chunk_requests_through_boto3(s3: FakeS3) -> None:
     """obstore's runtime does not survive a fork (a child's request would wait forever):
     a child forked after the parent's chunk requests sends its own through boto3."""

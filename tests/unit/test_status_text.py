@@ -58,10 +58,11 @@ def fast_status(**fields: Any) -> dict[str, Any]:
 
 def test_status_says_what_the_fast_tier_still_holds_back() -> None:
     lines = format_status(fast_status()).splitlines()
-    assert lines[-2] == ("fast tier    file:///lustre/run   pending records 3 (3.0 MiB of "
-                         "files) to move to the store   moved 7 (1.0 GiB)")
-    assert lines[-1].startswith("state        not durable:")
-    assert "\nfast tier" not in format_status(fast_status(fast_tier=None))
+    assert lines[-3].startswith("state        not durable:")
+    assert lines[-2] == "fast tier    file:///lustre/run usable"
+    assert lines[-1] == ("moving       3 pending records (3.0 MiB of files) from the fast "
+                         "tier to the store   moved 7 (1.0 GiB)")
+    assert "\nmoving" not in format_status(fast_status(fast_tier=None))
     assert watch_line(fast_status()).split("   fast tier pending 3 (3.0 MiB)")[1] == (
         "   step-2/a.pt 10 B left")
 
