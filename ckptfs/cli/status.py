@@ -35,6 +35,7 @@ def format_status(st: dict[str, Any]) -> str:
     ]
     if st.get("fast_tier"):
         lines.append(f"fast tier    {fast_tier_line(st)}")
+        lines.append(moving_line(st))
     ap = st.get("autoprune")
     if ap:
         every = f" --keep-every {ap['keep_every']}" if ap["keep_every"] else ""
@@ -61,6 +62,18 @@ def fast_tier_line(st: dict[str, Any]) -> str:
     since = st.get("fast_unusable_since")
     return (f"{st['fast_tier']} UNUSABLE since {time.ctime(since) if since else '?'} "
             f"({st.get('fast_unusable_reason')}): {direct}")
+
+
+def moving_line(st: dict[str, Any]) -> str:
+    """A mount with --fast-tier: what its pending records still hold back from the object
+    store, and what its mover has moved (a daemon of before has no byte counts)."""
+    moved = st.get("fast_moved_bytes")
+    error = st.get("fast_last_error")
+    return (f"moving       {st.get('fast_pending_records', 0)} pending records "
+            f"({human(st.get('fast_pending_bytes', 0))} of files) from the fast tier to the "
+            f"store   moved {st.get('fast_moved_records', 0)}"
+            + (f" ({human(moved)})" if moved is not None else "")
+            + (f"   error: {error}" if error else ""))
 
 
 def retries_text(retries: dict[str, int]) -> str:
@@ -158,6 +171,8 @@ def watch_line(st: dict[str, Any]) -> str:
             f"{human(st['uploaded_bytes'])}   cache {human(st['cache_bytes'])} of "
             f"{human(st['cache_limit'])}   {'durable' if st['durable'] else 'not durable'}"
             + (f"   retries {sum(st['retries'].values())}" if st.get("retries") else "")
+            + (f"   fast tier pending {st.get('fast_pending_records', 0)} "
+               f"({human(st.get('fast_pending_bytes', 0))})" if st.get("fast_tier") else "")
             + f"{busiest}" + "".join(f"   error: {e}" for e in st["errors"]))
 
 
@@ -169,14 +184,17 @@ def watch_view(st: dict[str, Any], rates: dict[str, float]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    files = Table("file", "state", "size", "in the store", "", "rate", "ETA",
-                  title="files being saved", title_justify="left", expand=False)
+    tiers = bool(st.get("fast_tier"))  # a column saying which files are fast-durable
+    files = Table("file", "state", *(["durable"] if tiers else []), "size", "in the store",
+                  "", "rate", "ETA", title="files being saved", title_justify="left",
+                  expand=False)
     for f in st.get("files") or ():
         size, left = int(f["size"]), int(f["left_bytes"])
         done = 1.0 - left / size if size else 1.0
         rate = rates.get(f["path"])
         eta = f"{left / rate:.0f} s" if rate else "-"
-        files.add_row(Text(f["path"]), f["state"], human(size),
+        durable = ["fast tier" if f.get("fast_durable") else "no"] if tiers else []
+        files.add_row(Text(f["path"]), f["state"], *durable, human(size),
                       ProgressBar(total=1.0, completed=done, width=20), f"{done:.0%}",
                       f"{human(rate)}/s" if rate is not None else "-", eta)
     parts: list[Any] = [Text(format_status(st))]

@@ -44,7 +44,7 @@ class Sample:
     store_errors: dict[tuple[str, str], int]
     fuse_rows: list[Any]
     fuse_errors: dict[tuple[str, str], int]
-    fast: dict[str, Any] | None = None  # with --fast-tier: fastfail.Health.statistics()
+    fast: dict[str, Any] | None = None  # with --fast-tier: Health's and Mover's statistics
 
 
 class MountCollector(Collector):
@@ -98,6 +98,7 @@ class MountCollector(Collector):
                      "operation and errno", ("op", "errno"), s.fuse_errors)
         if s.fast is not None:
             yield from fast_tier(s.fast)
+            yield from fast_tier_metrics(s.fast)
 
 
 def fast_tier(st: dict[str, Any]) -> Iterator[Metric]:
@@ -142,6 +143,36 @@ GAUGES = (
     ("ckptfs_cache_memory_bytes", "memory_bytes", "fetched chunks held in memory"),
     ("ckptfs_upload_rate_bytes", "upload_rate", "raw bytes per second PUT over the last 5 s"),
 )
+
+
+# -- the fast tier (--fast-tier): what this mount's mover has still to move, and moved
+
+#: (metric, Mover.statistics field, help) of the fast tier's levels
+FAST_GAUGES = (
+    ("ckptfs_fast_tier_pending_records", "fast_pending_records", "this mount's pending "
+     "records: ops in the fast tier not yet applied to the object store"),
+    ("ckptfs_fast_tier_pending_bytes", "fast_pending_bytes", "size of the files this "
+     "mount's pending records hold: in the fast tier, not yet in the object store"),
+)
+#: (metric, Mover.statistics field, help) of the fast tier's counters
+FAST_COUNTERS = (
+    ("ckptfs_fast_tier_moved_records", "fast_moved_records", "pending records moved to "
+     "the object store (this mount's, and those of lost mounts it took over)"),
+    ("ckptfs_fast_tier_moved_bytes", "fast_moved_bytes", "size of the files those "
+     "records published in the object store"),
+    ("ckptfs_fast_tier_copied_bytes", "fast_copied_bytes", "bytes of the chunk objects "
+     "copied from the fast tier to the object store, as stored"),
+    ("ckptfs_fast_tier_lost_chunks", "fast_lost_chunks", "chunks a moved file named that "
+     "were in neither tier (or damaged in the fast tier): DATA LOST in the log"),
+)
+
+
+def fast_tier_metrics(st: dict[str, Any]) -> Iterator[Metric]:
+    """The fast tier's families, from the mover's statistics."""
+    for name, field, text in FAST_GAUGES:
+        yield GaugeMetricFamily(name, text, value=st[field])
+    for name, field, text in FAST_COUNTERS:
+        yield CounterMetricFamily(name, text, value=st[field])
 
 
 def histogram(name: str, text: str, label: str, rows: list[Any],

@@ -466,8 +466,7 @@ class Daemon:
             from ckptfs.daemon.metrics import MetricsServer
 
             metrics = MetricsServer(cfg.metrics_addr, fs, store_requests, fuse_requests,
-                                    __version__, p.store.url,
-                                    health.statistics if health is not None else None)
+                                    __version__, p.store.url, fast_statistics(health, mover))
         return Parts(uploader, fetcher, publisher, fs, control, autoprune, metrics,
                      fuse_requests, warmer, mover, health)
 
@@ -602,6 +601,7 @@ class Daemon:
             if self.health is not None:
                 st.update(self.health.statistics())
             st["durable"] = st["durable"] and not self.mover.pending_count()
+            st["files"] = files_by_tier(st["files"], self.mover.pending_files())
         return redacted(st)  # printed by status, returned by the Python API
 
     async def latest(self, dir_path: str, pattern: str) -> str | None:
@@ -638,6 +638,28 @@ class Daemon:
         if self.p.fast is not None:
             self.p.fast.close()
         os.close(self.p.lock_fd)
+
+
+def fast_statistics(health: fastfail.Health | None, mover: fasttier.Mover | None
+                    ) -> Callable[[], dict[str, Any]] | None:
+    """What the metrics read of a fast tier at each scrape: its health and its mover's
+    counts (None without one)."""
+    if health is None or mover is None:
+        return None
+    return lambda: {**health.statistics(), **mover.statistics()}
+
+
+def files_by_tier(saving: list[dict[str, Any]], moving: list[tuple[str, int]],
+                  limit: int = 20) -> list[dict[str, Any]]:
+    """status `files` with a fast tier: those still being saved (in neither tier yet),
+    then those in the fast tier only (state `moving`: fast-durable, not yet durable), each
+    saying `fast_durable` and `durable`; largest first within each, at most `limit`."""
+    out = [{**f, "fast_durable": False, "durable": False} for f in saving]
+    newest = dict(moving)  # a path published twice: its last version's size
+    out += [{"path": path, "state": "moving", "size": size, "left_bytes": size,
+             "fast_durable": True, "durable": False}
+            for path, size in sorted(newest.items(), key=lambda f: -f[1])]
+    return out[:limit]
 
 
 def _lazy_unmount(mountpoint: str) -> None:

@@ -119,6 +119,18 @@ class Record:
         return record_key(self.queue, self.op.seq)
 
 
+def record_file_bytes(record: Record) -> int:
+    """The size of the file a put_file record publishes (0 for other ops, or a manifest
+    that does not parse): what the record still holds back from the object store."""
+    if record.op.kind != "put_file" or not record.op.body:
+        return 0
+    try:
+        m = Manifest.from_json(record.op.body)
+    except FormatError:
+        return 0
+    return 0 if m.is_symlink else m.size
+
+
 def held(op: Op) -> bool:
     """Whether a mount keeps an op's paths pending after the fast tier has it, until the
     object store has it too: deletes and renames (the object store still shows the old
@@ -249,6 +261,7 @@ class Moved:
     chunks: int = 0
     chunk_bytes: int = 0
     lost: int = 0
+    file_bytes: int = 0  # the sizes of the put_file records moved (metrics, status)
 
 
 class Replayer:
@@ -301,6 +314,7 @@ class Replayer:
         crash_point("fast_moved")
         self.fast.delete(record.key)
         self.moved.records += 1
+        self.moved.file_bytes += record_file_bytes(record)
 
     def _put_file(self, record: Record) -> None:
         body = record.op.body or b""
@@ -514,6 +528,7 @@ class Mover:
         self.fast_usable: Callable[[], bool] = lambda: True
         self.fast_failed: Callable[[StoreError], bool] = lambda e: False
         self.fast_mounted: Callable[[], bool] = lambda: True
+        self._sizes: dict[int, int] = {}  # seq -> file size, of pending_files()
 
     def recorded(self, record: Record) -> None:
         """Recorder's callback, from the publisher's thread."""
@@ -697,8 +712,32 @@ class Mover:
             self.leases.release(self.queue)
 
     def statistics(self) -> dict[str, object]:
-        return {"fast_pending_records": len(self.own), "fast_moved_records":
-                self.replayer.moved.records, "fast_last_error": self.last_error}
+        moved = self.replayer.moved
+        return {"fast_pending_records": len(self.own), "fast_moved_records": moved.records,
+                "fast_last_error": self.last_error,
+                # what `status` and the metrics show of what is left to move
+                "fast_pending_bytes": sum(size for _, size in self.pending_files()),
+                "fast_moved_bytes": moved.file_bytes, "fast_moved_chunks": moved.chunks,
+                "fast_copied_bytes": moved.chunk_bytes, "fast_lost_chunks": moved.lost}
+
+    def pending_files(self) -> list[tuple[str, int]]:
+        """(path, size) of this mount's put_file records not yet moved, in seq order:
+        files in the fast tier that the object store does not have yet (fast-durable,
+        not durable). Each record's manifest is parsed once (status asks every second)."""
+        with self._own_lock:
+            own = sorted(self.own.items())
+        sizes = {seq: self._sizes.get(seq) for seq, _ in own}
+        out = []
+        for seq, record in own:
+            if record.op.kind != "put_file":
+                continue
+            size = sizes[seq]
+            if size is None:
+                size = record_file_bytes(record)
+            sizes[seq] = size
+            out.append((record.op.path, size))
+        self._sizes = {seq: size for seq, size in sizes.items() if size is not None}
+        return out
 
 
 # -- ckptfs drain ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from ckptfs.common.errors import (
     BadObjectError,
@@ -33,6 +33,14 @@ NUMBER = re.compile(r"\d+")
 
 #: kinds of Problem (DAMAGED: a record in the store that does not parse or validate)
 MISSING, CORRUPT, DAMAGED, RENAMING = "missing", "corrupt", "damaged", "renaming"
+
+
+class Tiers(NamedTuple):
+    """A store with a fast tier, tier by tier: the walks get its view (both tiers as one,
+    pipeline/fasttier.view) and check a chunk in each tier apart from it."""
+
+    fast: Store
+    slow: Store  # the object store alone
 
 
 def parallel_map(fn: Callable[[T], R], items: Iterable[T], workers: int = WORKERS
@@ -106,10 +114,16 @@ class FileReport:
     missing: list[tuple[int, str]] = field(default_factory=list)   # (index, hash)
     corrupt: list[tuple[int, str, str]] = field(default_factory=list)  # (index, hash, why)
     error: str | None = None      # the manifest could not be read or parsed
+    fast_only: bool = False       # this version is in the fast tier, not yet in the store
 
     @property
     def complete(self) -> bool:
         return self.error is None and not self.missing and not self.corrupt
+
+    @property
+    def durable(self) -> bool:
+        """Complete, and in the object store (not only in a fast tier)."""
+        return self.complete and not self.fast_only
 
     def problems(self) -> list[Problem]:
         if self.error is not None:
@@ -123,7 +137,8 @@ class FileReport:
                 "mtime_ns": self.mtime_ns, "writer": self.writer, "chunks": self.n_chunks,
                 "target": self.target, "complete": self.complete,
                 "missing": [h for _, h in self.missing],
-                "corrupt": [h for _, h, _ in self.corrupt], "error": self.error}
+                "corrupt": [h for _, h, _ in self.corrupt], "error": self.error,
+                "durable": self.durable}
 
 
 @dataclass
@@ -138,15 +153,31 @@ class VerifyResult:
     def complete(self) -> bool:
         return not self.problems
 
+    fast_damaged: list[tuple[str, str]] = field(default_factory=list)  # (hash, why):
+    # chunks damaged in the fast tier that the store has a good copy of (not data loss)
+
     @property
     def incomplete_files(self) -> list[FileReport]:
         return [f for f in self.files if not f.complete]
+
+    @property
+    def fast_only_files(self) -> list[FileReport]:
+        """Complete files whose version is in the fast tier alone (fast-durable)."""
+        return [f for f in self.files if f.complete and f.fast_only]
+
+    @property
+    def durable(self) -> bool:
+        return self.complete and not self.fast_only_files
 
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "complete": self.complete, "files": len(self.files),
                 "bytes": sum(f.size for f in self.files),
                 "incomplete_files": [f.path for f in self.incomplete_files],
-                "problems": [p.to_dict() for p in self.problems]}
+                "problems": [p.to_dict() for p in self.problems],
+                "durable": self.durable,
+                "fast_only_files": [f.path for f in self.fast_only_files],
+                "fast_damaged_chunks": [{"chunk": h, "detail": why}
+                                        for h, why in self.fast_damaged]}
 
 
 @dataclass(frozen=True)
@@ -177,7 +208,7 @@ class FsckReport:
     dir_markers: int = 0
     file_bytes: int = 0
     chunks_referenced: int = 0
-    chunks_stored: int = 0
+    chunks_stored: int = 0        # in the object store (with a fast tier: apart from it)
     stored_bytes: int = 0
     garbage_chunks: int = 0       # stored but named by no manifest: not an error (gc)
     garbage_bytes: int = 0
@@ -189,6 +220,14 @@ class FsckReport:
     corrupt_garbage: list[tuple[str, str]] = field(default_factory=list)  # (hash, why)
     intents: list[Intent] = field(default_factory=list)         # warnings
     strays: list[str] = field(default_factory=list)             # keys outside the layout
+    # with a fast tier (`tiers`): the store is both tiers as readers see them; these say
+    # what each holds. None without one.
+    fast_chunks: int | None = None    # chunk objects in the fast tier
+    fast_bytes: int = 0
+    pending_chunks: int = 0           # of those, not in the object store: movers copy them
+    pending_bytes: int = 0
+    #: (hash, why, whether the object store has a good copy: then not data loss)
+    fast_damaged: list[tuple[str, str, bool]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -211,6 +250,11 @@ class FsckReport:
             "intents": [{"key": i.key, "src": i.src, "dst": i.dst, "writer": i.writer}
                         for i in self.intents],
             "strays": self.strays,
+            "fast_tier": None if self.fast_chunks is None else {
+                "chunks": self.fast_chunks, "bytes": self.fast_bytes,
+                "pending_chunks": self.pending_chunks, "pending_bytes": self.pending_bytes,
+                "damaged_chunks": [{"chunk": h, "detail": why, "store_has_good_copy": good}
+                                   for h, why, good in self.fast_damaged]},
         }
 
 
@@ -313,43 +357,71 @@ def _read_manifests(store: Store, keys: Iterable[str]
 
 
 class ChunkChecker:
-    """HEADs (or, deep, GETs and re-hashes) chunks once each, however many files name them."""
+    """HEADs (or, deep, GETs and re-hashes) chunks once each, however many files name them.
+    With `tiers`, a chunk is looked for in the fast tier, then in the object store: it is
+    sound when either has a sound copy; a damaged copy in the fast tier is noted apart
+    (`fast_damaged`), data loss only when the object store has no sound copy."""
 
-    def __init__(self, store: Store, deep: bool = False) -> None:
+    def __init__(self, store: Store, deep: bool = False, tiers: Tiers | None = None) -> None:
         self.store = store
         self.deep = deep
+        self.tiers = tiers
         #: hash -> None (present and, if deep, sound), MISSING, or (CORRUPT, why)
         self.results: dict[str, str | tuple[str, str] | None] = {}
         #: the chunks of `results` found in fossils/ (set aside by gc), not in chunks/
         self.fossils: set[str] = set()
+        #: with tiers: hash -> (why its fast-tier copy is damaged, whether the object
+        #: store has a sound copy)
+        self.fast_damaged: dict[str, tuple[str, bool]] = {}
 
-    def check_one(self, chunk_hash: str) -> tuple[str | tuple[str, str] | None, bool]:
+    def check_key(self, store: Store, key: str, chunk_hash: str) -> str | tuple[str, str] | None:
+        """None (present and, if deep, sound), MISSING or (CORRUPT, why): one object."""
+        if not self.deep:
+            size = store.head(key)
+            if size is None:
+                return MISSING
+            if size < HEADER_SIZE:
+                return CORRUPT, f"object of {size} bytes is shorter than a chunk header"
+            return None
+        try:
+            blob = store.get(key, MAX_OBJECT_SIZE)
+        except NotFoundError:
+            return MISSING
+        except BadObjectError as e:  # not a file, or larger than a chunk can be
+            return CORRUPT, str(e)
+        try:
+            decode_chunk(blob, chunk_hash)
+        except CorruptChunkError as e:
+            return CORRUPT, str(e)
+        return None
+
+    def check_in(self, store: Store, chunk_hash: str) -> tuple[str | tuple[str, str] | None, bool]:
         """(result, whether the chunk was found in fossils/ instead of chunks/: set aside by
         gc, readable there as readers fall back to it, restored by the next gc run)."""
-        fossil = False
-        for key in (manifests.chunk_key(chunk_hash), manifests.fossil_key(chunk_hash)):
-            if not self.deep:
-                size = self.store.head(key)
-                if size is None:
-                    fossil = True
-                    continue
-                if size < HEADER_SIZE:
-                    return (CORRUPT, f"object of {size} bytes is shorter than a chunk "
-                            f"header"), fossil
-                return None, fossil
-            try:
-                blob = self.store.get(key, MAX_OBJECT_SIZE)
-            except NotFoundError:
-                fossil = True
-                continue
-            except BadObjectError as e:  # not a file, or larger than a chunk can be
-                return (CORRUPT, str(e)), fossil
-            try:
-                decode_chunk(blob, chunk_hash)
-            except CorruptChunkError as e:
-                return (CORRUPT, str(e)), fossil
+        result = self.check_key(store, manifests.chunk_key(chunk_hash), chunk_hash)
+        if result != MISSING:
+            return result, False
+        fossil = self.check_key(store, manifests.fossil_key(chunk_hash), chunk_hash)
+        return (MISSING, False) if fossil == MISSING else (fossil, True)
+
+    def check_one(self, chunk_hash: str) -> tuple[str | tuple[str, str] | None, bool]:
+        """check_in the store, or with tiers: in the fast tier, then in the object store."""
+        if self.tiers is None:
+            return self.check_in(self.store, chunk_hash)
+        fast = self.check_key(self.tiers.fast, manifests.chunk_key(chunk_hash), chunk_hash)
+        if fast is None:
+            return None, False
+        result, fossil = self.check_in(self.tiers.slow, chunk_hash)
+        if fast == MISSING:
+            return result, fossil
+        why = fast[1]
+        self.fast_damaged[chunk_hash] = (why, result is None)
+        if result is None:
             return None, fossil
-        return MISSING, False
+        if result == MISSING:
+            return (CORRUPT, f"damaged in the fast tier ({why}) and not in the store"), False
+        return (CORRUPT, f"damaged in the fast tier ({why}) and in the store "
+                f"({result[1]})"), fossil
 
     def check(self, hashes: Iterable[str]) -> None:
         todo = {h for h in hashes if h not in self.results}
@@ -390,27 +462,60 @@ def read_tree(store: Store, path: str = "") -> list[tuple[str, Manifest | None, 
 
 
 def list_files(store: Store, path: str = "", deep: bool = False,
-               checker: ChunkChecker | None = None) -> list[FileReport]:
+               checker: ChunkChecker | None = None, tiers: Tiers | None = None
+               ) -> list[FileReport]:
     """Every file under directory `path` (recursively), or the one file `path` names.
 
     Each chunk is HEADed once (deep: fetched and re-hashed once). NoEntry if the store
     has neither a file nor a directory at `path`. `checker` may be shared between calls
-    to reuse what it has learned.
+    to reuse what it has learned. With `tiers` (`store` is then their view), each file
+    says whether its version is in the fast tier alone (`fast_only`).
     """
-    checker = checker or ChunkChecker(store, deep)
+    checker = checker or ChunkChecker(store, deep, tiers)
     found = read_tree(store, path)
     checker.check(h for _, m, _ in found if m is not None for h, _ in m.chunks)
-    return [checker.report(p, m, err) for p, m, err in found]
+    reports = [checker.report(p, m, err) for p, m, err in found]
+    if tiers is not None:
+        fast_only = fast_only_paths(tiers, path.strip("/"), [r.path for r in reports])
+        for r in reports:
+            r.fast_only = r.path in fast_only
+    return reports
 
 
-def verify(store: Store, path: str = "", deep: bool = False) -> VerifyResult:
+def fast_only_paths(tiers: Tiers, path: str, paths: list[str]) -> set[str]:
+    """Of `paths` (files under directory `path`, or the file `path`), those whose newest
+    version is in the fast tier alone: the fast tier holds a manifest there and the
+    object store none, or one of a lower generation. A listing of the fast tier under
+    `path`, and two GETs per file it holds there (it keeps the newest checkpoints)."""
+    keys = {k for k, _ in tiers.fast.list(manifests.dir_prefix(path), delimiter=None).objects}
+    if path:
+        keys.add(manifests.file_key(path))
+    candidates = [p for p in paths if manifests.file_key(p) in keys]
+
+    def generation(store: Store, p: str) -> int:
+        try:
+            return manifests.generation(store.get_record(manifests.file_key(p)))
+        except NotFoundError:
+            return -1
+
+    def only_fast(p: str) -> bool:
+        fast = generation(tiers.fast, p)
+        return fast >= 0 and generation(tiers.slow, p) < fast
+
+    return {p for p, yes in parallel_map(only_fast, candidates) if yes}
+
+
+def verify(store: Store, path: str = "", deep: bool = False,
+           tiers: Tiers | None = None) -> VerifyResult:
     """Whether every file under `path` (or the file `path`) has all of its chunks.
 
     Also incomplete: a path that a directory rename in flight is moving (its files are
-    then split between two names).
+    then split between two names). With `tiers` (`store` is their view), a chunk in
+    either tier counts, and each file says whether it is in the object store yet.
     """
     path = path.strip("/")
-    files = list_files(store, path, deep)
+    checker = ChunkChecker(store, deep, tiers)
+    files = list_files(store, path, deep, checker, tiers)
     problems = [p for f in files for p in f.problems()]
     for intent in read_intents(store):
         if not intent.touches(path):
@@ -422,7 +527,8 @@ def verify(store: Store, path: str = "", deep: bool = False) -> VerifyResult:
                 f"a directory rename {intent.src or '?'} -> {intent.dst or '?'} by node "
                 f"{intent.writer} is in flight or was interrupted ({intent.key}); the next "
                 f"mount finishes it")))
-    return VerifyResult(path, files, problems)
+    return VerifyResult(path, files, problems, sorted(
+        (h, why) for h, (why, good) in checker.fast_damaged.items() if good))
 
 
 def checkpoint_order_key(name: str) -> tuple[int, ...]:
@@ -455,44 +561,89 @@ def latest(store: Store, dir_path: str = "", pattern: str = "*", deep: bool = Fa
     is skipped; `damaged` is told of each damaged manifest (and rename intent) met. The
     result is a path relative to the filesystem root.
     """
+    found = latest_checkpoint(store, dir_path, pattern, deep, damaged)
+    return None if found is None else found[0]
+
+
+def latest_checkpoint(store: Store, dir_path: str = "", pattern: str = "*",
+                      deep: bool = False,
+                      damaged: Callable[[Problem], None] = lambda problem: None,
+                      tiers: Tiers | None = None, durable: bool = False
+                      ) -> tuple[str, list[FileReport]] | None:
+    """latest(), and the files of the checkpoint it found. With `tiers` (`store` is their
+    view) a checkpoint in the fast tier counts, each file saying whether it is in the
+    object store yet; with `durable` too, only one all in the object store counts."""
     dir_path, names = checkpoint_names(store, dir_path, pattern)
     intents = read_intents(store)
     for i in intents:
         if i.error is not None:
             damaged(Problem(i.key, DAMAGED, detail=damaged_intent(i)))
-    checker = ChunkChecker(store, deep)
+    checker = ChunkChecker(store, deep, tiers)
 
     def usable(files: list[FileReport], path: str) -> bool:
         for f in files:
             if f.error is not None:
                 damaged(Problem(f.path, DAMAGED, detail=f.error))
-        return (bool(files) and all(f.complete for f in files)
+        return (bool(files) and all(f.durable if durable else f.complete for f in files)
                 and not any(i.touches(path) for i in intents))
+
+    def files_of(path: str) -> list[FileReport]:
+        return list_files(store, path, checker=checker, tiers=tiers)
 
     if names and all(NUMBER.search(n) for n in names):
         for name in sorted(names, key=lambda n: (checkpoint_order_key(n), n), reverse=True):
             path = manifests.join(dir_path, name)
-            if usable(list_files(store, path, checker=checker), path):
-                return path
+            files = files_of(path)
+            if usable(files, path):
+                return path, files
         return None
-    newest: tuple[int, str] | None = None
+    newest: tuple[int, str, list[FileReport]] | None = None
     for name in names:
         path = manifests.join(dir_path, name)
-        files = list_files(store, path, checker=checker)
-        if usable(files, path):
-            candidate = (max(f.mtime_ns for f in files), path)
-            newest = candidate if newest is None else max(newest, candidate)
-    return None if newest is None else newest[1]
+        files = files_of(path)
+        if usable(files, path) and (newest is None or
+                                    (max(f.mtime_ns for f in files), path) > newest[:2]):
+            newest = (max(f.mtime_ns for f in files), path, files)
+    return None if newest is None else (newest[1], newest[2])
 
 
-def fsck(store: Store, deep: bool = False) -> FsckReport:
+def _stored_chunks(store: Store, report: FsckReport) -> dict[str, int]:
+    """Chunk name -> size, of a listing of chunks/; other keys there are strays."""
+    stored: dict[str, int] = {}
+    for key, size in store.list(manifests.CHUNKS, delimiter=None).objects:
+        name = manifests.chunk_name(key)
+        if name is not None:
+            stored[name] = size
+        else:
+            report.strays.append(key)
+    return stored
+
+
+def _check_store_copies(tiers: Tiers, checker: ChunkChecker, both: set[str],
+                        report: FsckReport) -> None:
+    """fsck --deep: the object store's copy of each chunk the fast tier holds soundly
+    too (readers read the fast tier's): a damaged one is a problem, the fast tier's copy
+    being the only sound one until it is trimmed."""
+    store_checker = ChunkChecker(tiers.slow, deep=True)
+    store_checker.check(h for h in both if h not in checker.fast_damaged)
+    for h, result in sorted(store_checker.results.items()):
+        if isinstance(result, tuple):
+            report.problems.append(Problem(
+                manifests.chunk_key(h), DAMAGED, h, detail=f"damaged in the store: "
+                f"{result[1]}; the fast tier's copy is sound (readers read it) until it "
+                f"is trimmed"))
+
+
+def fsck(store: Store, deep: bool = False, tiers: Tiers | None = None) -> FsckReport:
     """Check the whole store: ckptfs.json, every manifest, every chunk they name.
 
     Missing chunks are found by listing chunks/ (after the manifests were read, so a chunk
     uploaded meanwhile is seen) and confirmed with a HEAD; one that gc set aside in
     fossils/ is not missing (readers read it there). With `deep`, every stored chunk
     is fetched and re-hashed, referenced or not: an unreferenced corrupt chunk matters
-    too, since a writer that deduplicates against it would trust it.
+    too, since a writer that deduplicates against it would trust it. With `tiers`
+    (`store` is their view), a chunk in either tier counts (ChunkChecker), both tiers'
+    chunks are counted, and gc's garbage is the object store's alone.
     """
     report = FsckReport(store.url, deep=deep)
     try:
@@ -532,34 +683,44 @@ def fsck(store: Store, deep: bool = False) -> FsckReport:
             referenced.update(h for h, _ in m.chunks)
     report.problems.sort(key=lambda p: p.path)
 
-    stored: dict[str, int] = {}
-    for key, size in store.list(manifests.CHUNKS, delimiter=None).objects:
-        name = manifests.chunk_name(key)
-        if name is not None:
-            stored[name] = size
-        else:
-            report.strays.append(key)
+    fossils: set[str] = set()
     # chunks set aside by gc (fossils/) and its scratch objects (gc/) are part of the
     # layout, not strays: fossils are counted, and read where a manifest names them
     for key, size in store.list(manifests.FOSSILS, delimiter=None).objects:
-        if manifests.chunk_name(key, manifests.FOSSILS) is not None:
+        if (name := manifests.chunk_name(key, manifests.FOSSILS)) is not None:
+            fossils.add(name)
             report.fossils += 1
             report.fossil_bytes += size
-    report.chunks_stored = len(stored)
-    report.stored_bytes = sum(stored.values())
-    garbage = stored.keys() - referenced
+    # gc's garbage is the object store's alone: it never touches the fast tier
+    slow = _stored_chunks(tiers.slow if tiers is not None else store, report)
+    stored = slow
+    if tiers is not None:
+        fast = _stored_chunks(tiers.fast, report)
+        stored = {**slow, **fast}
+        pending = fast.keys() - slow.keys() - fossils
+        report.fast_chunks, report.fast_bytes = len(fast), sum(fast.values())
+        report.pending_chunks = len(pending)
+        report.pending_bytes = sum(fast[h] for h in pending)
+    report.chunks_stored = len(slow)  # the object store's: the fast tier's are apart
+    report.stored_bytes = sum(slow.values())
+    garbage = slow.keys() - referenced
     report.garbage_chunks = len(garbage)
-    report.garbage_bytes = sum(stored[h] for h in garbage)
+    report.garbage_bytes = sum(slow[h] for h in garbage)
 
-    checker = ChunkChecker(store, deep)
+    checker = ChunkChecker(store, deep, tiers)
     # a chunk the listing lacks may have been uploaded since: confirm with a HEAD
     checker.check(referenced - stored.keys())
     if deep:
         checker.check(stored.keys())
+        if tiers is not None:  # the store's copies of the chunks read from the fast tier
+            _check_store_copies(tiers, checker, slow.keys() & fast.keys(), report)
     else:
-        for h in referenced & stored.keys():
-            checker.results[h] = None if stored[h] >= HEADER_SIZE else (
-                CORRUPT, f"object of {stored[h]} bytes is shorter than a chunk header")
+        short = {h for h in referenced & stored.keys() if stored[h] < HEADER_SIZE}
+        for h in referenced & stored.keys() - short:
+            checker.results[h] = None
+        checker.check(short)  # each tier's copy, with a fast tier
+    report.fast_damaged = sorted((h, why, good) for h, (why, good)
+                                 in checker.fast_damaged.items())
     report.referenced_fossils = len(checker.fossils & referenced)
     for path, m, err in found:
         if m is not None:

@@ -35,6 +35,7 @@ from ckptfs.format.manifests import CHUNKS, FILES, FOSSILS, TRASH, Manifest
 from ckptfs.store.base import ObjectInfo, Store
 from ckptfs.tools import inspection
 from ckptfs.tools.gc import Tally, reader_of
+from ckptfs.tools.inspection import Tiers
 
 #: who names a chunk, besides a directory's index (>= 0: that directory alone)
 SEVERAL = -1   # several groups under PATH, nothing outside it
@@ -52,6 +53,8 @@ class DirUsage:
     referenced: Tally = field(default_factory=Tally)     # distinct chunks its files name
     referenced_raw: int = 0  # those chunks' bytes before compression
     unique: Tally = field(default_factory=Tally)         # of those, named by nothing else
+    fast: Tally = field(default_factory=Tally)  # of those, in the fast tier
+    pending: Tally = field(default_factory=Tally)  # of those, in the fast tier alone
 
     @property
     def dedup_ratio(self) -> float | None:
@@ -70,7 +73,9 @@ class DirUsage:
                 "referenced_bytes": self.referenced.bytes,
                 "referenced_raw_bytes": self.referenced_raw,
                 "unique_chunks": self.unique.count, "unique_bytes": self.unique.bytes,
-                "dedup_ratio": self.dedup_ratio, "compression_ratio": self.compression_ratio}
+                "dedup_ratio": self.dedup_ratio, "compression_ratio": self.compression_ratio,
+                "fast_chunks": self.fast.count, "fast_bytes": self.fast.bytes,
+                "pending_chunks": self.pending.count, "pending_bytes": self.pending.bytes}
 
 
 @dataclass
@@ -87,6 +92,11 @@ class UsageReport:
     trash: Tally = field(default_factory=Tally)  # files in the trash, their logical bytes
     missing: int = 0          # chunks a manifest names, found in neither chunks/ nor fossils/
     unreadable: list[str] = field(default_factory=list)  # manifests that cannot be parsed
+    # with a fast tier (its URL): its chunk objects, and those the object store lacks
+    fast_url: str | None = None
+    fast: Tally = field(default_factory=Tally)
+    pending: Tally = field(default_factory=Tally)
+    records: int = 0  # pending records in the fast tier (its caller counts them)
 
     def to_dict(self) -> dict[str, object]:
         return {"store": self.url, "path": self.path,
@@ -96,7 +106,11 @@ class UsageReport:
                 "unreferenced_chunks": self.unreferenced.count,
                 "unreferenced_bytes": self.unreferenced.bytes,
                 "trash_files": self.trash.count, "trash_logical_bytes": self.trash.bytes,
-                "missing_chunks": self.missing, "unreadable_manifests": self.unreadable}
+                "missing_chunks": self.missing, "unreadable_manifests": self.unreadable,
+                "fast_tier": None if self.fast_url is None else {
+                    "url": self.fast_url, "chunks": self.fast.count, "bytes": self.fast.bytes,
+                    "pending_chunks": self.pending.count,
+                    "pending_bytes": self.pending.bytes, "pending_records": self.records}}
 
 
 def combine(state: int | None, group: int) -> int:
@@ -110,8 +124,14 @@ def combine(state: int | None, group: int) -> int:
     return SEVERAL
 
 
-def stored_sizes(store: Store, report: UsageReport) -> dict[bytes, int]:
-    """Chunk name -> stored size, from streamed listings of chunks/ and fossils/."""
+def stored_sizes(store: Store, report: UsageReport, tiers: Tiers | None = None
+                 ) -> tuple[dict[bytes, int], set[bytes], set[bytes]]:
+    """Chunk name -> stored size, from streamed listings of chunks/ and fossils/; with
+    `tiers`, those of the object store, then of the fast tier's chunks/; and the names
+    of the chunks in the fast tier, and of those in it alone (pending: the movers copy
+    them)."""
+    if tiers is not None:
+        store = tiers.slow
     sizes: dict[bytes, int] = {}
     for info in store.scan(CHUNKS):
         h = manifests.chunk_name(info.key)
@@ -129,7 +149,22 @@ def stored_sizes(store: Store, report: UsageReport) -> dict[bytes, int]:
             report.unreferenced.add(info.size)
         else:
             sizes[name] = info.size
-    return sizes
+    fast: set[bytes] = set()
+    fast_only: set[bytes] = set()
+    if tiers is not None:
+        report.fast_url = tiers.fast.url
+        for info in tiers.fast.scan(CHUNKS):
+            h = manifests.chunk_name(info.key)
+            if h is None:
+                continue
+            report.fast.add(info.size)
+            name = bytes.fromhex(h)
+            fast.add(name)
+            if name not in sizes:
+                sizes[name] = info.size
+                fast_only.add(name)
+                report.pending.add(info.size)
+    return sizes, fast, fast_only
 
 
 def _manifests(store: Store, infos: Iterator[ObjectInfo], report: UsageReport
@@ -149,9 +184,12 @@ def _manifests(store: Store, infos: Iterator[ObjectInfo], report: UsageReport
             report.unreadable.append(info.key)
 
 
-def du(store: Store, path: str = "") -> UsageReport:
+def du(store: Store, path: str = "", tiers: Tiers | None = None) -> UsageReport:
     """The space used under directory `path` (see the module docstring). NoEntry when the
-    store has no directory at `path` or is not a ckptfs store."""
+    store has no directory at `path` or is not a ckptfs store. With `tiers` (`store` is
+    their view), a chunk counts in whichever tier holds it; the fast tier's chunks that
+    the object store lacks are `pending` (per directory too); `stored` and unreferenced
+    chunks are the object store's alone (gc never looks at the fast tier)."""
     path = manifests.check_path(path.strip("/"))
     inspection.read_info(store)
     prefix = manifests.dir_prefix(path)
@@ -159,7 +197,7 @@ def du(store: Store, path: str = "") -> UsageReport:
     if path and not listing.objects and not listing.prefixes:
         raise NoEntry(f"no such directory in the store: {path}")
     report = UsageReport(store.url, path, total=DirUsage(path))
-    sizes = stored_sizes(store, report)
+    sizes, fast, fast_only = stored_sizes(store, report, tiers)
     # in step order, as prune and latest order them: checkpoint-2 before checkpoint-10
     names = sorted((p[len(prefix):].rstrip("/") for p in listing.prefixes),
                    key=lambda n: (inspection.checkpoint_order_key(n), n))
@@ -184,6 +222,10 @@ def du(store: Store, path: str = "") -> UsageReport:
                 seen.add(name)
                 usage.referenced.add(sizes[name])
                 usage.referenced_raw += length
+                if name in fast:
+                    usage.fast.add(sizes[name])
+                if name in fast_only:
+                    usage.pending.add(sizes[name])
 
     # the checkpoint directories, one at a time
     for i, d in enumerate(report.dirs):
@@ -213,13 +255,17 @@ def du(store: Store, path: str = "") -> UsageReport:
             continue
         report.total.referenced.add(size)
         report.total.referenced_raw += raw[name]
+        if name in fast:
+            report.total.fast.add(size)
+        if name in fast_only:
+            report.total.pending.add(size)
         if state == BOTH:
             continue
         report.total.unique.add(size)
         if 0 <= state < top:
             report.dirs[state].unique.add(size)
     for name, size in sizes.items():
-        if name not in states:
+        if name not in states and name not in fast_only:
             report.unreferenced.add(size)
     report.missing = len(missing)
     report.unreadable.sort()
