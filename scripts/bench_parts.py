@@ -7,7 +7,9 @@ quote apart from scripts/bench.py.
   mount      `ckptfs mount` until the mount point answers, empty cache each time, on
              SeaweedFS (started here on 127.0.0.1) and on a directory store; --targets
              s3@/tmp/old,s3,dir@/tmp/old,dir runs another tree's ckptfs beside this one;
-             each tree's package runs from a byte-compiled copy (--source: without)
+             each tree's package runs from a byte-compiled copy (--source: without);
+             the target floor is the same for scripts/trivialfs.py --background (Python,
+             pyfuse3 and trio imported, a fork, a mount that does nothing)
   get        16 MiB GETs from SeaweedFS through the S3 store, 1 and 8 threads at once:
              throughput and this process's CPU per GiB
 
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -88,8 +91,9 @@ def mount_targets(spec: str) -> list[tuple[str, str, Path]]:
     targets = []
     for t in spec.split(","):
         kind, _, tree = t.partition("@")
-        if kind not in ("s3", "dir"):
-            sys.exit(f"unknown target {t!r}: s3 or dir, with @TREE for another source tree")
+        if kind not in ("s3", "dir", "floor") or (kind == "floor" and tree):
+            sys.exit(f"unknown target {t!r}: s3 or dir, with @TREE for another source tree, "
+                     f"or floor")
         if tree and not (Path(tree) / "ckptfs" / "__init__.py").is_file():
             sys.exit(f"{tree} is not a ckptfs source tree (no ckptfs/__init__.py)")
         targets.append((t, kind, Path(tree) if tree else ROOT))
@@ -108,6 +112,12 @@ def copy_package(tree: Path, to: Path, compiled: bool) -> Path:
     return to
 
 
+def children_cpu() -> float:
+    """The CPU seconds of this process's children that have exited and been waited for."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def mount(runs: int, spec: str, compiled: bool) -> None:
     """Each target's `ckptfs mount` until the mount point answers (a stat), a new empty
     cache each time, the targets interleaved in every run; each tree's package is run as
@@ -122,17 +132,26 @@ def mount(runs: int, spec: str, compiled: bool) -> None:
         stores = {"s3": [f"s3://{bucket}", "--endpoint-url", server.endpoint],
                   "dir": [f"{d}/store"]}
 
+        cpus: dict[tuple[str, Path], list[float]] = defaultdict(list)
+
         def once(kind: str, tree: Path, cache: str) -> float:
+            if kind == "floor":
+                command = [sys.executable, str(ROOT / "scripts" / "trivialfs.py"), str(mnt),
+                           d, "--background"]
+            else:
+                command = [sys.executable, "-m", "ckptfs", "mount", *stores[kind][:1],
+                           str(mnt), *stores[kind][1:], "--cache-dir", cache]
+            cpu = children_cpu()
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "ckptfs", "mount", *stores[kind][:1],
-                            str(mnt), *stores[kind][1:], "--cache-dir", cache],
-                           check=True, capture_output=True, cwd=tree)
+            subprocess.run(command, check=True, capture_output=True, cwd=tree)
             os.stat(mnt)
             took = time.perf_counter() - start
-            subprocess.run([CKPTFS, "umount", str(mnt)], check=True, capture_output=True)
+            cpus[kind, tree].append(children_cpu() - cpu)  # the command's, not its daemon's
+            subprocess.run(["fusermount3", "-u", str(mnt)] if kind == "floor" else
+                           [CKPTFS, "umount", str(mnt)], check=True, capture_output=True)
             return took
 
-        for kind in {kind for _, kind, _ in targets}:  # create the stores
+        for kind in {kind for _, kind, _ in targets} - {"floor"}:  # create the stores
             once(kind, targets[-1][2], f"{d}/cache-new-{kind}")
         times: dict[str, list[float]] = {label: [] for label, _, _ in targets}
         for i in range(runs):
@@ -141,9 +160,11 @@ def mount(runs: int, spec: str, compiled: bool) -> None:
         print(f"ckptfs mount until the mount point answers, empty cache, existing store "
               f"(SeaweedFS on 127.0.0.1 or a directory), {runs} runs interleaved, modules "
               f"{'byte-compiled' if compiled else 'compiled at each start'}:")
-        for label, ts in times.items():
+        for label, kind, tree in targets:
+            ts = times[label]
             print(f"  {label}: median {statistics.median(ts):.3f} s  "
-                  f"{[round(t, 3) for t in ts]}")
+                  f"{[round(t, 3) for t in ts]}; the command's own CPU: median "
+                  f"{statistics.median(cpus[kind, tree][-runs:]):.3f} s")
 
 
 def get(count: int) -> None:
