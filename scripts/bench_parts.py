@@ -10,11 +10,16 @@ quote apart from scripts/bench.py.
              each tree's package runs from a byte-compiled copy (--source: without);
              the target floor is the same for scripts/trivialfs.py --background (Python,
              pyfuse3 and trio imported, a fork, a mount that does nothing)
+  imports    the CPU of what a mount loads before it answers, step by step: fresh
+             interpreters that import one more part each (the command, trio, pyfuse3,
+             the daemon's modules, botocore and an S3 client), then the same process's
+             teardown at exit; medians
   get        16 MiB GETs from SeaweedFS through the S3 store, 1 and 8 threads at once:
              throughput and this process's CPU per GiB
 
     .venv/bin/python scripts/bench_parts.py overwrite --runs 5
     .venv/bin/python scripts/bench_parts.py mount --runs 6 --targets s3@/tmp/old,s3,dir@/tmp/old,dir
+    .venv/bin/python scripts/bench_parts.py imports --runs 9
     .venv/bin/python scripts/bench_parts.py get
 """
 
@@ -167,6 +172,50 @@ def mount(runs: int, spec: str, compiled: bool) -> None:
                   f"{statistics.median(cpus[kind, tree][-runs:]):.3f} s")
 
 
+#: (label, code) of each step of `imports`: each runs what the step before ran, and more
+IMPORT_STEPS = [
+    ("Python itself", "pass"),
+    ("+ the command (ckptfs.cli.main)", "import ckptfs.cli.main"),
+    ("+ trio", "import trio"),
+    ("+ pyfuse3", "import pyfuse3"),
+    ("+ the daemon's modules", "import ckptfs.daemon.mount"),
+    ("+ the S3 store (botocore)", "import ckptfs.store.s3"),
+    ("+ an S3 client", "ckptfs.store.s3.S3Store('b', '', 'http://127.0.0.1:9', None, 16)"),
+]
+#: what `ckptfs mount` has imported when the daemon is ready: its teardown is measured
+TEARDOWN_AFTER = "+ the daemon's modules"
+
+
+def imports(runs: int) -> None:
+    """The CPU seconds of each step of IMPORT_STEPS, medians of `runs` fresh interpreters
+    (interleaved), and the teardown at exit of the step TEARDOWN_AFTER (against
+    os._exit)."""
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
+               AWS_DEFAULT_REGION="us-east-1")
+
+    def cpu(code: str) -> float:
+        before = children_cpu()
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
+        return children_cpu() - before
+
+    codes = ["\n".join(code for _, code in IMPORT_STEPS[:n + 1]) for n in
+             range(len(IMPORT_STEPS))]
+    parent = [label for label, _ in IMPORT_STEPS].index(TEARDOWN_AFTER)
+    codes.append(codes[parent] + "\nimport os; os._exit(0)")
+    cpus: list[list[float]] = [[] for _ in codes]
+    for _ in range(runs):
+        for n, code in enumerate(codes):
+            cpus[n].append(cpu(code))
+    medians = [statistics.median(c) * 1000 for c in cpus]
+    print(f"CPU of a fresh interpreter that runs each step and those above it, medians "
+          f"of {runs}:")
+    for n, (label, _) in enumerate(IMPORT_STEPS):
+        print(f"  {label:36} {medians[n]:6.1f} ms  (+{medians[n] - medians[max(n - 1, 0)]:.1f})")
+    print(f"  teardown at exit, after {TEARDOWN_AFTER!r}: "
+          f"{medians[parent] - medians[-1]:.1f} ms")
+
+
 def get(count: int) -> None:
     import numpy as np
 
@@ -197,8 +246,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("part", choices=("overwrite", "mount", "get"))
-    ap.add_argument("--runs", type=int, default=5, help="runs (overwrite, mount)")
+    ap.add_argument("part", choices=("overwrite", "mount", "imports", "get"))
+    ap.add_argument("--runs", type=int, default=5, help="runs (overwrite, mount, imports)")
     ap.add_argument("--objects", type=int, default=48, help="16 MiB objects to GET (get)")
     ap.add_argument("--targets", default="s3,dir",
                     help="mount: s3 and/or dir, each with @TREE for another source tree")
@@ -212,6 +261,8 @@ def main() -> None:
         overwrite(a.runs)
     elif a.part == "mount":
         mount(a.runs, a.targets, not a.source)
+    elif a.part == "imports":
+        imports(a.runs)
     else:
         get(a.objects)
 
