@@ -114,6 +114,9 @@ def background(mountpoint: str, backing: str, discard: bool) -> int:
     if os.fork() == 0:
         os.close(read_fd)
         os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)  # the caller's pipes let go, as ckptfs's
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
         try:
             serve(mountpoint, backing, discard, lambda: os.write(write_fd, b"ok\n"))
         finally:
