@@ -135,9 +135,9 @@ def mount(store: str, mountpoint: str, given: dict[str, Any]) -> int:
 
 def exit_now() -> NoReturn:
     """Exit 0 once the daemon is ready, skipping the interpreter's teardown: this process
-    imported the daemon's modules before the fork, and unloading them took a tenth of the
-    mount's CPU (docs/PERFORMANCE.md "Mount time"). Nothing here needs it: no atexit
-    handler, and stdout and stderr are flushed first."""
+    imported the daemon's modules before the fork, and unloading them took a tenth of its
+    CPU, which the caller waits for (docs/PERFORMANCE.md "Mount time"). Nothing here needs
+    the teardown: ckptfs registers no atexit handler, and stdout and stderr are flushed."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
