@@ -18,6 +18,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def serve(mountpoint: str, backing: str, discard: bool = False,
@@ -105,8 +106,8 @@ def serve(mountpoint: str, backing: str, discard: bool = False,
         pyfuse3.close(unmount=False)
 
 
-def background(mountpoint: str, backing: str, discard: bool) -> int:
-    """Fork the file system and return once it is mounted: 0, or 1 if the child failed."""
+def background(mountpoint: str, backing: str, discard: bool) -> NoReturn:
+    """Fork the file system and exit once it is mounted: 0, or 1 if the child failed."""
     import pyfuse3  # noqa: F401 - before the fork, as `ckptfs mount` imports its daemon's
     import trio  # noqa: F401
 
@@ -117,13 +118,18 @@ def background(mountpoint: str, backing: str, discard: bool) -> int:
         devnull = os.open(os.devnull, os.O_RDWR)  # the caller's pipes let go, as ckptfs's
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
+
+        def ready() -> None:
+            os.write(write_fd, b"ok\n")
+
         try:
-            serve(mountpoint, backing, discard, lambda: os.write(write_fd, b"ok\n"))
+            serve(mountpoint, backing, discard, ready)
         finally:
             os._exit(0)
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as answer:
-        return 0 if answer.readline() == b"ok\n" else 1
+        mounted = answer.readline() == b"ok\n"
+    os._exit(0 if mounted else 1)  # without the teardown of pyfuse3, as `ckptfs mount`
 
 
 if __name__ == "__main__":
@@ -131,5 +137,5 @@ if __name__ == "__main__":
     if len(sys.argv) < 3 or not set(flags) <= {"--discard", "--background"}:
         sys.exit(__doc__)
     if "--background" in flags:
-        sys.exit(background(sys.argv[1], sys.argv[2], "--discard" in flags))
+        background(sys.argv[1], sys.argv[2], "--discard" in flags)
     serve(sys.argv[1], sys.argv[2], discard="--discard" in flags)
