@@ -7,12 +7,19 @@ quote apart from scripts/bench.py.
   mount      `ckptfs mount` until the mount point answers, empty cache each time, on
              SeaweedFS (started here on 127.0.0.1) and on a directory store; --targets
              s3@/tmp/old,s3,dir@/tmp/old,dir runs another tree's ckptfs beside this one;
-             each tree's package runs from a byte-compiled copy (--source: without)
+             each tree's package runs from a byte-compiled copy (--source: without);
+             the target floor is the same for scripts/trivialfs.py --background (Python,
+             pyfuse3 and trio imported, a fork, a mount that does nothing)
+  imports    the CPU of what a mount loads before it answers, step by step: fresh
+             interpreters that import one more part each (the command, trio, pyfuse3,
+             the daemon's modules, botocore and an S3 client), then the same process's
+             teardown at exit; medians
   get        16 MiB GETs from SeaweedFS through the S3 store, 1 and 8 threads at once:
              throughput and this process's CPU per GiB
 
     .venv/bin/python scripts/bench_parts.py overwrite --runs 5
     .venv/bin/python scripts/bench_parts.py mount --runs 6 --targets s3@/tmp/old,s3,dir@/tmp/old,dir
+    .venv/bin/python scripts/bench_parts.py imports --runs 9
     .venv/bin/python scripts/bench_parts.py get
 """
 
@@ -27,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -88,8 +96,9 @@ def mount_targets(spec: str) -> list[tuple[str, str, Path]]:
     targets = []
     for t in spec.split(","):
         kind, _, tree = t.partition("@")
-        if kind not in ("s3", "dir"):
-            sys.exit(f"unknown target {t!r}: s3 or dir, with @TREE for another source tree")
+        if kind not in ("s3", "dir", "floor") or (kind == "floor" and tree):
+            sys.exit(f"unknown target {t!r}: s3 or dir, with @TREE for another source tree, "
+                     f"or floor")
         if tree and not (Path(tree) / "ckptfs" / "__init__.py").is_file():
             sys.exit(f"{tree} is not a ckptfs source tree (no ckptfs/__init__.py)")
         targets.append((t, kind, Path(tree) if tree else ROOT))
@@ -108,6 +117,12 @@ def copy_package(tree: Path, to: Path, compiled: bool) -> Path:
     return to
 
 
+def children_cpu() -> float:
+    """The CPU seconds of this process's children that have exited and been waited for."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def mount(runs: int, spec: str, compiled: bool) -> None:
     """Each target's `ckptfs mount` until the mount point answers (a stat), a new empty
     cache each time, the targets interleaved in every run; each tree's package is run as
@@ -122,17 +137,26 @@ def mount(runs: int, spec: str, compiled: bool) -> None:
         stores = {"s3": [f"s3://{bucket}", "--endpoint-url", server.endpoint],
                   "dir": [f"{d}/store"]}
 
+        cpus: dict[tuple[str, Path], list[float]] = defaultdict(list)
+
         def once(kind: str, tree: Path, cache: str) -> float:
+            if kind == "floor":
+                command = [sys.executable, str(ROOT / "scripts" / "trivialfs.py"), str(mnt),
+                           d, "--background"]
+            else:
+                command = [sys.executable, "-m", "ckptfs", "mount", *stores[kind][:1],
+                           str(mnt), *stores[kind][1:], "--cache-dir", cache]
+            cpu = children_cpu()
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "ckptfs", "mount", *stores[kind][:1],
-                            str(mnt), *stores[kind][1:], "--cache-dir", cache],
-                           check=True, capture_output=True, cwd=tree)
+            subprocess.run(command, check=True, capture_output=True, cwd=tree)
             os.stat(mnt)
             took = time.perf_counter() - start
-            subprocess.run([CKPTFS, "umount", str(mnt)], check=True, capture_output=True)
+            cpus[kind, tree].append(children_cpu() - cpu)  # the command's, not its daemon's
+            subprocess.run(["fusermount3", "-u", str(mnt)] if kind == "floor" else
+                           [CKPTFS, "umount", str(mnt)], check=True, capture_output=True)
             return took
 
-        for kind in {kind for _, kind, _ in targets}:  # create the stores
+        for kind in {kind for _, kind, _ in targets} - {"floor"}:  # create the stores
             once(kind, targets[-1][2], f"{d}/cache-new-{kind}")
         times: dict[str, list[float]] = {label: [] for label, _, _ in targets}
         for i in range(runs):
@@ -141,9 +165,55 @@ def mount(runs: int, spec: str, compiled: bool) -> None:
         print(f"ckptfs mount until the mount point answers, empty cache, existing store "
               f"(SeaweedFS on 127.0.0.1 or a directory), {runs} runs interleaved, modules "
               f"{'byte-compiled' if compiled else 'compiled at each start'}:")
-        for label, ts in times.items():
+        for label, kind, tree in targets:
+            ts = times[label]
             print(f"  {label}: median {statistics.median(ts):.3f} s  "
-                  f"{[round(t, 3) for t in ts]}")
+                  f"{[round(t, 3) for t in ts]}; the command's own CPU: median "
+                  f"{statistics.median(cpus[kind, tree][-runs:]):.3f} s")
+
+
+#: (label, code) of each step of `imports`: each runs what the step before ran, and more
+IMPORT_STEPS = [
+    ("Python itself", "pass"),
+    ("+ the command (ckptfs.cli.main)", "import ckptfs.cli.main"),
+    ("+ trio", "import trio"),
+    ("+ pyfuse3", "import pyfuse3"),
+    ("+ the daemon's modules", "import ckptfs.daemon.mount"),
+    ("+ the S3 store (botocore)", "import ckptfs.store.s3"),
+    ("+ an S3 client", "ckptfs.store.s3.S3Store('b', '', 'http://127.0.0.1:9', None, 16)"),
+]
+#: what `ckptfs mount` has imported when the daemon is ready: its teardown is measured
+TEARDOWN_AFTER = "+ the daemon's modules"
+
+
+def imports(runs: int) -> None:
+    """The CPU seconds of each step of IMPORT_STEPS, medians of `runs` fresh interpreters
+    (interleaved), and the teardown at exit of the step TEARDOWN_AFTER (against
+    os._exit)."""
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
+               AWS_DEFAULT_REGION="us-east-1")
+
+    def cpu(code: str) -> float:
+        before = children_cpu()
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
+        return children_cpu() - before
+
+    codes = ["\n".join(code for _, code in IMPORT_STEPS[:n + 1]) for n in
+             range(len(IMPORT_STEPS))]
+    parent = [label for label, _ in IMPORT_STEPS].index(TEARDOWN_AFTER)
+    codes.append(codes[parent] + "\nimport os; os._exit(0)")
+    cpus: list[list[float]] = [[] for _ in codes]
+    for _ in range(runs):
+        for n, code in enumerate(codes):
+            cpus[n].append(cpu(code))
+    medians = [statistics.median(c) * 1000 for c in cpus]
+    print(f"CPU of a fresh interpreter that runs each step and those above it, medians "
+          f"of {runs}:")
+    for n, (label, _) in enumerate(IMPORT_STEPS):
+        print(f"  {label:36} {medians[n]:6.1f} ms  (+{medians[n] - medians[max(n - 1, 0)]:.1f})")
+    print(f"  teardown at exit, after {TEARDOWN_AFTER!r}: "
+          f"{medians[parent] - medians[-1]:.1f} ms")
 
 
 def get(count: int) -> None:
@@ -176,8 +246,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("part", choices=("overwrite", "mount", "get"))
-    ap.add_argument("--runs", type=int, default=5, help="runs (overwrite, mount)")
+    ap.add_argument("part", choices=("overwrite", "mount", "imports", "get"))
+    ap.add_argument("--runs", type=int, default=5, help="runs (overwrite, mount, imports)")
     ap.add_argument("--objects", type=int, default=48, help="16 MiB objects to GET (get)")
     ap.add_argument("--targets", default="s3,dir",
                     help="mount: s3 and/or dir, each with @TREE for another source tree")
@@ -191,6 +261,8 @@ def main() -> None:
         overwrite(a.runs)
     elif a.part == "mount":
         mount(a.runs, a.targets, not a.source)
+    elif a.part == "imports":
+        imports(a.runs)
     else:
         get(a.objects)
 

@@ -1,11 +1,14 @@
 """The floor of a Python FUSE write path: a pyfuse3 file system that does nothing but
 pass each write to a local file (or, with --discard, drop it), for the benchmarks.
 
-    .venv/bin/python scripts/trivialfs.py MOUNTPOINT BACKING_DIR [--discard]
+    .venv/bin/python scripts/trivialfs.py MOUNTPOINT BACKING_DIR [--discard] [--background]
 
 One flat directory; every file is a file of the same name in BACKING_DIR. Write-only
 opens get direct I/O, as in ckptfs, so the two pay the same transport. It runs in the
-foreground until unmounted (fusermount3 -u). Not part of ckptfs.
+foreground until unmounted (fusermount3 -u); with --background it returns once the
+mount is ready, as `ckptfs mount` does (its modules imported, then a fork, the child
+mounts and says so on a pipe): the floor of a mount's start-up (bench_parts.py mount).
+Not part of ckptfs.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 
-def serve(mountpoint: str, backing: str, discard: bool = False) -> None:
-    """Run the file system in this process until it is unmounted."""
+def serve(mountpoint: str, backing: str, discard: bool = False,
+          ready: Callable[[], None] | None = None) -> None:
+    """Run the file system in this process until it is unmounted; `ready` is called once
+    it is mounted."""
     import pyfuse3
     import trio
 
@@ -91,13 +98,44 @@ def serve(mountpoint: str, backing: str, discard: bool = False) -> None:
             os.unlink(os.path.join(backing, os.fsdecode(name)))
 
     pyfuse3.init(Trivial(), mountpoint, {"fsname=trivialfs"})
+    if ready is not None:
+        ready()
     try:
         trio.run(pyfuse3.main)
     finally:
         pyfuse3.close(unmount=False)
 
 
+def background(mountpoint: str, backing: str, discard: bool) -> NoReturn:
+    """Fork the file system and exit once it is mounted: 0, or 1 if the child failed."""
+    import pyfuse3  # noqa: F401 - before the fork, as `ckptfs mount` imports its daemon's
+    import trio  # noqa: F401
+
+    read_fd, write_fd = os.pipe()
+    if os.fork() == 0:
+        os.close(read_fd)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)  # the caller's pipes let go, as ckptfs's
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+
+        def ready() -> None:
+            os.write(write_fd, b"ok\n")
+
+        try:
+            serve(mountpoint, backing, discard, ready)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as answer:
+        mounted = answer.readline() == b"ok\n"
+    os._exit(0 if mounted else 1)  # without the teardown of pyfuse3, as `ckptfs mount`
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["--discard"]):
+    flags = sys.argv[3:]
+    if len(sys.argv) < 3 or not set(flags) <= {"--discard", "--background"}:
         sys.exit(__doc__)
-    serve(sys.argv[1], sys.argv[2], discard=sys.argv[3:] == ["--discard"])
+    if "--background" in flags:
+        background(sys.argv[1], sys.argv[2], "--discard" in flags)
+    serve(sys.argv[1], sys.argv[2], discard="--discard" in flags)

@@ -376,7 +376,9 @@ class Journal:
                 e = sqlite3.DatabaseError(f"quick_check: {'; '.join(problems[:3])}")
                 e.sqlite_errorcode = sqlite3.SQLITE_CORRUPT
                 raise e
-            db.executescript(SCHEMA)
+            # one transaction, so one sync of the log, not one per table: a new cache's
+            # journal is made while `ckptfs mount` waits
+            db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}COMMIT;")
             _migrate(db)
         except BaseException:
             db.close()
