@@ -33,7 +33,8 @@ GRACE = 2 * WINDOW + 1.0  # gc's grace beside the movers: above the window
 
 #: the lost node's mover, in a process of its own: it takes the lost queue's lease, says
 #: so, and moves that queue, its chunk PUTs a little slow (it moves beside the other
-#: mover); it kills itself (SIGKILL) at its n-th chunk PUT, or where CKPTFS_CRASH_AT says
+#: mover); it kills itself (SIGKILL) at its n-th chunk PUT (argv 3), or where
+#: CKPTFS_CRASH_AT says; it pauses (argv 7 seconds) at its m-th chunk PUT (argv 6)
 MOVER = """
 import os, signal, sys, time
 from ckptfs.format import manifests
@@ -48,6 +49,8 @@ class Slow(LocalStore):
             Slow.puts += 1
             if Slow.puts == int(sys.argv[3]):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if Slow.puts == int(sys.argv[6]):
+                time.sleep(float(sys.argv[7]))
         super().put(key, data)
 
 fast = LocalStore(sys.argv[1])
@@ -111,19 +114,23 @@ class Watcher(threading.Thread):
             time.sleep(0.002)
 
 
-@pytest.mark.parametrize("kill", ["chunk:5", "fast_manifest_put:1", "fast_moved:2"])
+@pytest.mark.parametrize("kill,pause", [("chunk:5", 0), ("fast_manifest_put:1", 0),
+                                        ("fast_moved:2", 0), ("fast_moved:2", 4)])
 def test_two_movers_a_kill_and_gc_lose_nothing_and_never_go_back(
-        tmp_path: Path, kill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, kill: str, pause: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A lost node's queue (its versions of f0..f3, and g0, g1 nobody else wrote) and a
     live node's queue (newer versions of f0..f3, one chunk shared with the lost node's)
     are moved at once: the lost node's mover in a process killed mid-copy (at its 5th
     chunk PUT), after a manifest PUT, or after a move before the record's delete; a
     drain moves the live queue meanwhile, then takes the lost queue over once its lease
-    runs out; gc (a short grace) runs on the object store all the while, which holds
-    older versions of f0..f3 whose chunks it frees. The object store ends with the newest
-    version of every path, its manifest generation never went down, every record is
-    gone, and once the fast tier is deleted every file reads back byte-exact, also after
-    gc with no grace, and fsck --deep finds nothing wrong."""
+    runs out (with `pause`, while the lost node's mover is paused at that chunk PUT
+    past its lease: it then goes on with the record it was on, which the drain has
+    moved meanwhile, and is killed after it: two movers on one queue at once); gc (a
+    short grace) runs on the object store all the while, which holds older versions of
+    f0..f3 whose chunks it frees. The object store ends with the newest version of every
+    path, its manifest generation never went down, every record is gone, and once the
+    fast tier is deleted every file reads back byte-exact, also after gc with no grace,
+    and fsck --deep finds nothing wrong."""
     monkeypatch.setattr(manifests, "CONFIRM_WINDOW", WINDOW)
     monkeypatch.setattr(publisher, "CONFIRM_WINDOW", WINDOW)
     (tmp_path / "fast").mkdir()
@@ -154,7 +161,7 @@ def test_two_movers_a_kill_and_gc_lose_nothing_and_never_go_back(
            **({"CKPTFS_CRASH_AT": kill} if point != "chunk" else {})}
     mover = subprocess.Popen(
         [sys.executable, "-c", MOVER, str(tmp_path / "fast"), str(tmp_path / "slow"),
-         n if point == "chunk" else "0", str(LEASE), LOST],
+         n if point == "chunk" else "0", str(LEASE), LOST, str(pause), str(2.5 * LEASE)],
         stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     watcher = Watcher(slow, f_paths + g_paths)
     done = threading.Event()
