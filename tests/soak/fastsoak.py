@@ -218,6 +218,7 @@ class Version:
     writer: str
     durable: bool = False  # its writer's sync --fast (or sync) returned after it
     lost: bool = False  # its writer was killed before that
+    stored: bool = False  # its writer's sync (to the object store) returned after it
 
 
 class FastRunner:
@@ -234,6 +235,7 @@ class FastRunner:
         self.incarnations = 0
         self.history: dict[str, list[Version]] = {}
         self.unsynced: dict[str, list[Version]] = {}
+        self.unstored: dict[str, list[Version]] = {}
         self.renamed = 0
         self.seen_gen: dict[str, int] = {}  # the highest generation the store showed
         self.trace: list[str] = []
@@ -294,6 +296,7 @@ class FastRunner:
         mover = node.mover
         if mover is None:
             return
+        versions, self.unstored[node.name] = self.unstored.get(node.name, []), []
         last = mover.last_recorded()
         with trio.move_on_after(SYNC_TIMEOUT) as scope:
             while node.mover is not None and not mover.moved_through(last):
@@ -302,11 +305,14 @@ class FastRunner:
         if scope.cancelled_caught:
             self.fail(f"{node.name}: sync did not finish in {SYNC_TIMEOUT:g} s "
                       f"({mover.statistics()})")
+        for v in versions:
+            v.stored = True
 
     async def kill(self, slot: int, why: str) -> None:
         node = self.nodes[slot]
         for v in self.unsynced.pop(node.name, []):
             v.lost = True
+        self.unstored.pop(node.name, None)
         self.trace.append(f"    * {node.name} killed {why}; its cache is gone")
         self.result.faults[f"kill {why}"] += 1
         await node.kill()
@@ -317,18 +323,25 @@ class FastRunner:
         v = Version(value, node.name)
         self.history.setdefault(path, []).append(v)
         self.unsynced.setdefault(node.name, []).append(v)
+        self.unstored.setdefault(node.name, []).append(v)
 
     def current(self, path: str) -> bytes | None:
         hist = self.history.get(path)
         return hist[-1].value if hist else None
 
-    def allowed(self, path: str) -> list[bytes | None]:
+    def allowed(self, path: str, tiered: bool = False) -> list[bytes | None]:
         """What `path` may hold: its last fast-durable value or any later one; before a
-        fast-durable one, also nothing."""
+        fast-durable one, also nothing. `tiered`: as a mount of the fast tier sees it,
+        where a deleted name (and a rename's old name) stays listed until the op is in
+        the object store (docs/SEMANTICS.md): also the value a delete not yet known to
+        be there removed."""
         hist = self.history.get(path, [])
         durable = [i for i, v in enumerate(hist) if v.durable]
         start = durable[-1] if durable else 0
         out: list[bytes | None] = [v.value for v in hist[start:]]
+        if tiered:
+            out += [hist[j - 1].value for j in range(max(start, 1), len(hist))
+                    if hist[j].value is None and not hist[j].stored]
         return out if durable else [None, *out]
 
     def may_be_broken(self, path: str) -> bool:
@@ -342,6 +355,7 @@ class FastRunner:
     def describe(self, path: str) -> str:
         return ", ".join(f"{soaklib._show(v.value)} by {v.writer}"
                          + (" durable" if v.durable else "") + (" lost" if v.lost else "")
+                         + (" stored" if v.stored else "")
                          for v in self.history.get(path, []))
 
     def own_files(self, node: FastNode) -> list[str]:
@@ -578,12 +592,12 @@ class FastRunner:
         await reader.start()
         try:
             assert reader.fs is not None
-            await self.compare(reader.fs, "a new node of the fast tier")
+            await self.compare(reader.fs, "a new node of the fast tier", tiered=True)
         finally:
             await reader.stop()
             shutil.rmtree(reader.root, ignore_errors=True)
 
-    async def compare(self, fs: CheckpointFS, who: str) -> None:
+    async def compare(self, fs: CheckpointFS, who: str, tiered: bool = False) -> None:
         for path in sorted(self.history):
             try:
                 got: bytes | None = await read_path(fs, path, self.resolve)
@@ -597,8 +611,7 @@ class FastRunner:
                     continue
                 self.fail(f"{who} cannot read {path}: {type(e).__name__}: {e} "
                           f"({self.describe(path)})")
-            allowed = self.allowed(path)
-            if got not in allowed:
+            if got not in self.allowed(path, tiered):
                 self.fail(f"{who} reads {path}: {soaklib._show(got)}; its versions: "
                           f"{self.describe(path)}")
 
