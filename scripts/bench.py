@@ -17,7 +17,8 @@ Targets (A B C ... interleaved, medians of --runs):
           the cold restore of a fresh node with the fast tier against one on S3 alone
           (page cache dropped, each timed from its mount command); and `ckptfs warmup` on a
           fresh node, then a torch.load through its mount with the page cache dropped,
-          against the same torch.load from a local directory (a table of its own)
+          against the same torch.load from a local directory (a table of its own; not
+          covered by --profile and --gil)
   juicefs, rclone, s3fs
           peers on the same SeaweedFS (scripts/bench_peers.py; JuiceFS --writeback, rclone
           --vfs-cache-mode writes, s3fs): .venv/bin/pip install -e '.[bench]', apt-get
@@ -328,7 +329,7 @@ def main() -> int:
     ap.add_argument("--no-settle", action="store_true",
                     help="time each save in whatever state the previous target left")
     ap.add_argument("--s3-mbps", type=float, default=0.0, metavar="MB/S",
-                    help="cap the S3 link (ck-s3 and raw-s3, both ways together) at this "
+                    help="cap the S3 link (ck-s3, ck-fast and raw-s3, both ways together) at this "
                          "many MB/s with a proxy: a store slower than the node, as a real "
                          "one is (default: no cap, loopback speed)")
     ap.add_argument("--profile", metavar="DIR", type=Path, default=None,
