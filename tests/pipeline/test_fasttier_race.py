@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from ckptfs.daemon.mount import create_store
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.pipeline import fasttier, publisher
-from ckptfs.pipeline.fasttier import Record
+from ckptfs.pipeline.fasttier import Leases, Record, Replayer
 from ckptfs.pipeline.journal import Op
 from ckptfs.store.local import LocalStore
 from ckptfs.tools import gc, inspection
@@ -205,3 +206,51 @@ def test_two_movers_a_kill_and_gc_lose_nothing_and_never_go_back(
         gc.collect(slow, grace=0.0)
         time.sleep(0.05)
     assert inspection.fsck(slow, deep=True).problems == []
+
+
+class DiesAtLeasePut(LocalStore):
+    """A fast tier whose mover dies (an exception no mover catches) at its PUT of a
+    lease, which take_over makes right after winning the claim."""
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        if key == fasttier.lease_key(LOST):
+            raise KeyboardInterrupt("killed")
+        super().put(key, data)
+
+
+def test_a_mover_killed_between_its_claim_and_the_lease_does_not_block_the_queue(
+        tmp_path: Path) -> None:
+    """A mover wins the claim on a lost node's lease and dies before it replaces the
+    lease: the claim it leaves, once older than the lease time, is taken over the same
+    way (exactly one of the movers that find it wins), so the queue is moved; a claim
+    younger than the lease time still stops every other mover."""
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "slow").mkdir()
+    fast, slow = LocalStore(tmp_path / "fast"), LocalStore(tmp_path / "slow")
+    body = version(fast, LOST, 1, "ckpt/f0", [random_bytes(3000)], 1000)
+    lease = 0.5
+    assert Leases(fast, LOST, lease).renew(LOST)  # the lost node's own lease
+    time.sleep(lease + 0.1)
+    dying = Leases(DiesAtLeasePut(tmp_path / "fast"), "mover-x", lease)
+    with pytest.raises(KeyboardInterrupt):
+        dying.take_over(LOST, dying.store_now())
+    other = Leases(fast, "mover-y", lease)
+    assert not other.take_over(LOST, other.store_now())  # the claim is fresh: held
+    time.sleep(lease + 0.1)
+    movers = [Leases(fast, f"mover-{i}", lease) for i in range(3)]
+    barrier = threading.Barrier(3)
+
+    def take(m: Leases) -> bool:
+        now = m.store_now()
+        barrier.wait()
+        return m.take_over(LOST, now)
+
+    with ThreadPoolExecutor(3) as pool:
+        won = list(pool.map(take, movers))
+    assert won.count(True) == 1
+    winner = movers[won.index(True)]
+    assert fasttier.move_queue(Replayer(fast, slow), winner, LOST)
+    winner.release(LOST)
+    assert slow.get(file_key("ckpt/f0")) == body
+    assert fasttier.queues(fast) == []
+    assert [k for k, _ in fast.list(fasttier.LEASES, None).objects] == []  # no claim left
