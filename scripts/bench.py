@@ -11,6 +11,14 @@ Targets (A B C ... interleaved, medians of --runs):
   trivial scripts/trivialfs.py: the floor of any pyfuse3 file system (save, and cold
           load of what it saved)
   raw-s3  the object-store ceiling: the same file PUT/GET with boto3, 8 threads, 16 MiB parts
+  ck-fast ckptfs on SeaweedFS S3 with a directory as fast tier (--fast-tier, in the work
+          directory, or in --fast-tier-dir): close (torch.save returns), fast-durable
+          (`ckptfs sync --fast`) and durable (`ckptfs sync`), each from the save's start;
+          the cold restore of a fresh node with the fast tier against one on S3 alone
+          (page cache dropped, each timed from its mount command); and `ckptfs warmup` on a
+          fresh node, then a torch.load through its mount with the page cache dropped,
+          against the same torch.load from a local directory (a table of its own; not
+          covered by --profile and --gil)
   juicefs, rclone, s3fs
           peers on the same SeaweedFS (scripts/bench_peers.py; JuiceFS --writeback, rclone
           --vfs-cache-mode writes, s3fs): .venv/bin/pip install -e '.[bench]', apt-get
@@ -45,11 +53,13 @@ target that runs right after a cache drop wins.
         local,trivial,raw-s3,ck-s3,ck-s3:--uploads-while-writing=0,juicefs,rclone,s3fs
     git worktree add /tmp/before HEAD~1   # a change measured before/after, interleaved:
     .venv/bin/python scripts/bench.py --targets local,ck-dir@/tmp/before,ck-dir
+    .venv/bin/python scripts/bench.py --gib 1 --runs 3 --targets ck-fast,ck-s3
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -167,6 +177,71 @@ def bench_ckptfs(work: Path, state: dict[str, object], store: str, extra: list[s
     return r
 
 
+def timed_load(mount: Callable[[], object], path: Path) -> float:
+    """Seconds of a cold restore: the page cache dropped, then `mount()` (a node's restore
+    includes its mount) and torch.load of `path`."""
+    drop_caches()
+    t0 = time.perf_counter()
+    mount()
+    torch.load(path)
+    return time.perf_counter() - t0
+
+
+def bench_fast(work: Path, state: dict[str, object], store: str, extra: list[str],
+               stored_bytes: Callable[[], int], settled: bool, tree: str | None = None,
+               fast_root: Path | None = None) -> dict[str, float]:
+    """The fast tier (a new directory under `fast_root`, default `work`) in front of
+    `store`: a save's close,
+    fast-durable and durable times; cold restores from the fast tier and from the store
+    alone; a load after `ckptfs warmup` against the same load from a local directory."""
+    fast = (fast_root or work) / f"ckptfs-bench-fast-tier-{os.getpid()}"
+    mnts = [work / f"fmnt{i}" for i in range(4)]
+    caches = [work / f"fcache{i}" for i in range(4)]
+    for p in (fast, *caches):
+        shutil.rmtree(p, ignore_errors=True)
+    for m in mnts:
+        m.mkdir(exist_ok=True)
+    fast.mkdir()
+    tiered = ["--fast-tier", str(fast), *extra]
+
+    def mount(i: int, options: list[str]) -> None:
+        run("mount", store, str(mnts[i]), "--cache-dir", str(caches[i]), *options, tree=tree)
+
+    r: dict[str, float] = {}
+    if settled:
+        settle()
+    mount(0, tiered)
+    pid = status(mnts[0], tree)["pid"]
+    t0 = time.perf_counter()
+    path, r["save"] = save_into(mnts[0], state)  # torch.save returns once the file is closed
+    run("sync", "--fast", str(mnts[0]), tree=tree)
+    r["fast"] = time.perf_counter() - t0
+    run("sync", str(mnts[0]), tree=tree)
+    r["durable"] = time.perf_counter() - t0
+    rss = peak_rss(pid)
+    run("umount", str(mnts[0]), tree=tree)
+    rel = path.relative_to(mnts[0])
+    for i, key, options in ((1, "load", tiered), (2, "load_s3", extra)):
+        r[key] = timed_load(functools.partial(mount, i, options), mnts[i] / rel)
+        rss = max(rss, peak_rss(status(mnts[i], tree)["pid"]))
+        run("umount", str(mnts[i]), tree=tree)
+    mount(3, tiered)  # a node restarting: its checkpoint fetched before the training reads it
+    t1 = time.perf_counter()
+    run("warmup", str(mnts[3] / rel), tree=tree)
+    r["warmup"] = time.perf_counter() - t1
+    r["warm_load"] = timed_load(lambda: None, mnts[3] / rel)
+    run("umount", str(mnts[3]), tree=tree)
+    local = work / "fast-local"
+    local.mkdir(exist_ok=True)
+    torch.save(state, local / "ckpt.pt")  # the same bytes, on the cache's disk (untimed)
+    os.sync()
+    r["local_load"] = timed_load(lambda: None, local / "ckpt.pt")
+    r["stored"], r["rss"] = stored_bytes(), rss
+    for p in (fast, local, *caches):
+        shutil.rmtree(p, ignore_errors=True)
+    return r
+
+
 def url_bytes(url: str, extra: list[str]) -> Callable[[], int]:
     """The bytes under chunks/ of the store at `url` (`extra`: --endpoint-url URL)."""
 
@@ -248,10 +323,13 @@ def main() -> int:
                          "after '@' (a checkout of an older commit: before/after in one run) "
                          "and carry mount options after a colon, e.g. "
                          "'ck-dir@/tmp/before,ck-dir,ck-s3:--uploads-while-writing=2'")
+    ap.add_argument("--fast-tier-dir", type=Path, default=None, metavar="DIR",
+                    help="ck-fast: make its fast tier in DIR (a shared file system: Lustre, "
+                         "NFS; default: the work directory, a local disk)")
     ap.add_argument("--no-settle", action="store_true",
                     help="time each save in whatever state the previous target left")
     ap.add_argument("--s3-mbps", type=float, default=0.0, metavar="MB/S",
-                    help="cap the S3 link (ck-s3 and raw-s3, both ways together) at this "
+                    help="cap the S3 link (ck-s3, ck-fast and raw-s3, both ways together) at this "
                          "many MB/s with a proxy: a store slower than the node, as a real "
                          "one is (default: no cap, loopback speed)")
     ap.add_argument("--profile", metavar="DIR", type=Path, default=None,
@@ -271,7 +349,8 @@ def main() -> int:
         a.profile.mkdir(parents=True, exist_ok=True)
     settled = not a.no_settle
     targets = a.targets.split(",")
-    known = {"local", "trivial", "raw-s3", "ck-dir", "ck-s3", "ck-az", "ck-gs", *PEERS}
+    known = {"local", "trivial", "raw-s3", "ck-dir", "ck-s3", "ck-fast", "ck-az", "ck-gs",
+             *PEERS}
     unknown = [t for t in targets if "://" not in t
                and t.partition(":")[0].partition("@")[0] not in known]
     if unknown:
@@ -361,7 +440,7 @@ def main() -> int:
                     r = bench_ckptfs(work, state, str(dir_store), extra,
                                      lambda: du(dir_store / "chunks"), settled, tree or None,
                                      rec)
-                elif kind == "ck-s3":
+                elif kind in ("ck-s3", "ck-fast"):
                     prefix = f"run{i}-{n}"
 
                     def s3_bytes(prefix: str = prefix) -> int:
@@ -369,15 +448,19 @@ def main() -> int:
                             Bucket=bucket, Prefix=f"{prefix}/chunks/")
                         return sum(o["Size"] for p in pages for o in p.get("Contents", []))
 
-                    r = bench_ckptfs(work, state, f"s3://{bucket}/{prefix}",
-                                     ["--endpoint-url", s3_endpoint, *extra], s3_bytes,
-                                     settled, tree or None, rec)
+                    url, s3_extra = f"s3://{bucket}/{prefix}", ["--endpoint-url", s3_endpoint,
+                                                                *extra]
+                    if kind == "ck-fast":
+                        r = bench_fast(work, state, url, s3_extra, s3_bytes, settled,
+                                       tree or None, a.fast_tier_dir)
+                    else:
+                        r = bench_ckptfs(work, state, url, s3_extra, s3_bytes, settled,
+                                         tree or None, rec)
                 else:  # raw-s3
                     r = bench_raw(work, state, client, bucket)
                 results[t].append(r)
                 print(f"run {i + 1} {t:14s} " + " ".join(
-                    f"{k}={v:.2f}" for k, v in r.items() if k in ("save", "durable", "load")),
-                    flush=True)
+                    f"{k}={v:.2f}" for k, v in r.items() if k in FAST_COLUMNS), flush=True)
     finally:
         if proxy is not None:
             proxy.kill()
@@ -393,6 +476,13 @@ def main() -> int:
     print(f"\n{a.gib:g} GiB state dict, medians of {a.runs} interleaved runs")
     print(summary(results, targets, gib, a.gil))
     return 0
+
+
+#: what a run line shows, and the fast tier's table (ck-fast): key -> column
+FAST_COLUMNS = {"save": "close s", "fast": "fast-durable s", "durable": "durable s",
+                "load": "cold load: fast tier s", "load_s3": "S3 alone s",
+                "warmup": "warmup s", "warm_load": "load after warmup s",
+                "local_load": "local load s"}
 
 
 def summary(results: dict[str, list[dict[str, float]]], targets: list[str], gib: float,
@@ -426,6 +516,17 @@ def summary(results: dict[str, list[dict[str, float]]], targets: list[str], gib:
                        *([f"{t} (GIL held)", per_gib(t, "save"), per_gib(t, "load")]
                          for t in targets if "save_gil" in results[t][0])])]
 
+    fast = [t for t in targets if "fast" in results[t][0]]
+    if fast:
+        lines += ["", "the fast tier (ck-fast): close, fast-durable and durable from the "
+                  "save's start; cold loads timed from the mount command, page cache "
+                  "dropped; the load after warmup and the local one with the page cache "
+                  "dropped", table(
+                      ["target", *FAST_COLUMNS.values(), "after warmup / local"],
+                      ([t, *(seconds(med(t, k)) for k in FAST_COLUMNS),
+                        f"{med(t, 'warm_load') / med(t, 'local_load'):.2f}x"]
+                       for t in fast))]
+
     def ratio(t: str, k: str, base: str, what: str) -> str | None:
         return f"{med(t, k) / med(base, k):.2f}x {what}" if base in targets else None
 
@@ -439,7 +540,8 @@ def summary(results: dict[str, list[dict[str, float]]], targets: list[str], gib:
                 *((ratio(t, "durable", "raw-s3", "raw PUT (durable)"),
                    ratio(t, "load", "raw-s3", "raw GET+load"),
                    ratio(t, "load", "s3fs", "s3fs (cold load)")) if s3 else ())]
-        lines.append(f"{t}: " + ", ".join(x for x in said if x is not None))
+        if any(x is not None for x in said):
+            lines.append(f"{t}: " + ", ".join(x for x in said if x is not None))
     return "\n".join(lines).rstrip()
 
 

@@ -438,18 +438,33 @@ class Leases:
     def take_over(self, queue: str, now: float) -> bool:
         """Take the queue's lease: renew() if this mover may; else, when the lease is
         older than the lease time, claim that lease (a create-exclusive of a key named
-        after it: of the movers that found it run out, one wins) and replace it."""
+        after it: of the movers that found it run out, one wins) and replace it. A claim
+        older than the lease time is one whose mover died before replacing the lease:
+        it is claimed the same way (a key named after that claim), else the queue would
+        stay blocked for good."""
         if self.renew(queue):
             return True
         key = lease_key(queue)
         info = self.fast.stat(key)
         if info is None or now - info.mtime <= self.lease:
             return False  # held; or released meanwhile: renew() takes it next time
-        claim = f"{key}.claim-{hashlib.sha256(info.token.encode()).hexdigest()[:16]}"
-        if not self.fast.put_if_absent(claim, self._body()):
-            return False  # another mover claimed this lease first
+        lease_token, stale = info.token, []
+        while True:
+            claim = f"{key}.claim-{hashlib.sha256(info.token.encode()).hexdigest()[:16]}"
+            if self.fast.put_if_absent(claim, self._body()):
+                break
+            found = self.fast.stat(claim)
+            if found is None or now - found.mtime <= self.lease:
+                return False  # another mover claimed this lease first
+            stale.append(claim)
+            info = found
+        current = self.fast.stat(key)
+        if current is None or current.token != lease_token:
+            self.fast.delete(claim)  # a claim deleted by the mover that won it, made again
+            return False
         self.fast.put(key, self._body())
-        self.fast.delete(claim)
+        for done in (claim, *stale):
+            self.fast.delete(done)
         return True
 
     def release(self, queue: str) -> None:

@@ -3,14 +3,17 @@
 # that scripts/node/make.sh builds (.node/, this file's directory). As root, on x86-64
 # Linux with /dev/fuse and a Python (default python3, PY=...) that has torch:
 #
-#   bash .node/run.sh [all|quick|bench|ranks|cold-read|check]
+#   bash .node/run.sh [all|quick|bench|ranks|cold-read|fast|check]
 #
-#   all        bench, then ranks, then cold-read
+#   all        bench, then ranks, then cold-read, then fast
 #   quick      the same, small and once: does everything work here?
 #   bench      scripts/bench.py: save, durable, cold load, daemon CPU and GIL per GiB
 #   ranks      scripts/bench_scale.py ranks: ranks saving their shards at once
 #   cold-read  scripts/bench_cold_read.py: the mount apart from the read, torch.load
 #              against a plain read, against the object store's own download
+#   fast       scripts/bench.py --targets ck-fast,ck-s3: a directory as fast tier (in
+#              FAST_DIR, e.g. on the cluster's Lustre or NFS; default under WORK) in front
+#              of S3: close, fast-durable, durable, cold restores, load after warmup
 #   check      set up, then one ckptfs mount written and read back (no torch needed)
 #
 # Everything is set up under WORK (default /tmp/ckptfs-node; nothing is installed into
@@ -24,16 +27,18 @@
 #   ranks      RANK_MIB=256 [64]  RANKS=8 [2]  RANK_RUNS=1  RANK_TARGETS=local,trivial,ck-s3
 #   cold-read  READ_GIB=1 [0.25]  READ_RUNS=3 [1]  VARIANTS='|--fetch-threads 16' [''],
 #              mount options of each ckptfs variant, '|'-separated, '' = the defaults
+#   fast       FAST_GIB=1 [0.25]  FAST_RUNS=3 [1]  FAST_DIR= (a directory on a shared file
+#              system for the fast tier; a new directory is made in it and removed)
 #   STEP_S=900  the time limit of each step, in seconds
 set -euo pipefail
 bundle=$(cd "$(dirname "$0")" && pwd)
 what=${1:-all}
-case $what in all|quick|bench|ranks|cold-read|check) ;;
-  *) echo "run.sh: unknown step '$what' (all, quick, bench, ranks, cold-read, check)" >&2; exit 2;;
+case $what in all|quick|bench|ranks|cold-read|fast|check) ;;
+  *) echo "run.sh: unknown step '$what' (all, quick, bench, ranks, cold-read, fast, check)" >&2; exit 2;;
 esac
 if [ "$what" = quick ]; then
   : "${GIB:=0.25}" "${RUNS:=1}" "${RANK_MIB:=64}" "${RANKS:=2}" "${READ_GIB:=0.25}" \
-    "${READ_RUNS:=1}" "${VARIANTS=}"
+    "${READ_RUNS:=1}" "${VARIANTS=}" "${FAST_GIB:=0.25}" "${FAST_RUNS:=1}"
 fi
 PY=${PY:-python3}
 WORK=${WORK:-/tmp/ckptfs-node}
@@ -123,5 +128,9 @@ if runs cold-read; then
   for v in "${variants[@]}"; do vargs+=(--variant "$v"); done
   step cold-read "$PY" scripts/bench_cold_read.py --gib "${READ_GIB:-1}" \
     --runs "${READ_RUNS:-3}" "${vargs[@]}"
+fi
+if runs fast; then
+  step fast "$PY" scripts/bench.py --gib "${FAST_GIB:-1}" --runs "${FAST_RUNS:-3}" \
+    --targets ck-fast,ck-s3 ${FAST_DIR:+--fast-tier-dir "$FAST_DIR"}
 fi
 echo "== end, $(date -u +%T); FUSE mounts now: $(awk '$3 ~ /^fuse/ {print $2}' /proc/mounts | tr '\n' ' ')"

@@ -63,7 +63,8 @@ REGRESSION_SEEDS: list[tuple[int, int, str]] = [
 ]
 
 #: (family, seed, ops) of the schedules of other families (soaklib.FAMILIES) CI runs
-FAMILY_SEEDS: list[tuple[str, int, int]] = [("lost_publish", s, 60) for s in (1, 2, 3)]
+FAMILY_SEEDS: list[tuple[str, int, int]] = [("lost_publish", s, 60) for s in (1, 2, 3)] + [
+    ("fast_tier", s, 200) for s in (1, 2, 3)]
 
 #: failures the soak found that are not yet fixed nor triaged to the end (docs/SOAK.md,
 #: "Open findings"): a CI schedule that fails with one of these is reported as xfail

@@ -66,12 +66,13 @@ def soak_pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
 
 def expected_cost(item: pytest.Item) -> float:
     """About how long one soak test takes: the real mounts first, then by operations
-    (a lost_publish op waits on a crash, gc and replay: as long as ~20 others)."""
+    (a lost_publish op waits on a crash, gc and replay: as long as ~20 others; a
+    fast_tier op about as long as a mixed one)."""
     if "real" in item.name:
         return 1e6
     spec = getattr(item, "callspec", None)
     cases = spec.params.get("soak_cases") if spec is not None else None
-    return float(max(n * (1 if f == "mixed" else 20) for f, _, n in cases)) if cases else 0.0
+    return float(max(n * (20 if f == "lost_publish" else 1) for f, _, n in cases)) if cases else 0.0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

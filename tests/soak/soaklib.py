@@ -94,6 +94,11 @@ WEIGHTS: dict[str, int] = {
 FAMILIES: dict[str, dict[str, int]] = {
     "mixed": WEIGHTS,
     "lost_publish": {**WEIGHTS, "lost_publish": 12},
+    # nodes writing through a shared fast tier, lost for good at random points; movers
+    # and drain take over while gc runs (tests/soak/fastsoak.py, its own runner)
+    "fast_tier": {"save": 20, "save_shared": 8, "unlink": 3, "rename": 3, "read_other": 6,
+                  "sync_fast": 8, "sync": 3, "kill": 2, "kill_after_sync_fast": 2,
+                  "kill_mid_move": 3, "gc": 3, "drain": 2, "check": 1},
 }
 #: the kinds that do not need their node up
 NO_NODE = {"crash", "crash_lose_cache", "restart", "outage", "heal", "clock_jump", "gc",
@@ -1893,12 +1898,18 @@ def run_one(seed: int, n_ops: int, workdir: Path, ops: list[Op] | None = None,
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     schedule = ops if ops is not None else generate(seed, n_ops, family=family)
-    runner = Runner(seed, schedule, workdir, check_every=check_every)
-    runner.lost_cache_nodes = set()
-    result = trio.run(runner.run)
+    if family == "fast_tier":
+        import fastsoak  # its own runner and model (it imports this module)
+
+        result, trace = fastsoak.run(seed, schedule, workdir)
+    else:
+        runner = Runner(seed, schedule, workdir, check_every=check_every)
+        runner.lost_cache_nodes = set()
+        result = trio.run(runner.run)
+        trace = runner.trace
     result.family = family
     if result.failure is not None:
-        result.failure += "\n  trace:\n" + "\n".join("    " + t for t in runner.trace[-40:])
+        result.failure += "\n  trace:\n" + "\n".join("    " + t for t in trace[-40:])
     else:
         shutil.rmtree(workdir, ignore_errors=True)
         with contextlib.suppress(OSError):

@@ -14,8 +14,9 @@ from ci_seeds import OPEN_FINDINGS, Case
 def test_soak(soak_cases: list[Case], tmp_path: Path, pytestconfig: pytest.Config,
               soak_pool: concurrent.futures.ProcessPoolExecutor) -> None:
     """Each schedule of the batch (the fixed CI set, a regression seed, a lost_publish
-    schedule: the W3 sequence that a publisher skipping its re-confirmation fails) ends
-    with every acknowledged byte where the model says; the batch's schedules run at once
+    schedule: the W3 sequence that a publisher skipping its re-confirmation fails, a
+    fast_tier schedule: nodes lost for good behind a fast tier) ends with every
+    acknowledged byte where the model says; the batch's schedules run at once
     in processes of their own (one, with --seed, runs here)."""
     if len(soak_cases) == 1:
         family, seed, ops = soak_cases[0]
@@ -49,3 +50,5 @@ def test_same_seed_same_schedule() -> None:
     assert kinds == set(soaklib.WEIGHTS)
     assert soaklib.generate(7, 300, family="lost_publish") != soaklib.generate(7, 300)
     assert "lost_publish" in {op.kind for op in soaklib.generate(7, 300, family="lost_publish")}
+    fast = {op.kind for s in range(5) for op in soaklib.generate(s, 300, family="fast_tier")}
+    assert fast == set(soaklib.FAMILIES["fast_tier"])
