@@ -38,7 +38,7 @@ def cmd_drain(a: argparse.Namespace) -> int:
         size = None if a.fast_size is None else parse_size(a.fast_size, "--fast-size")
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    target = open_target(a, whole_store=True)
+    target = open_target(a, whole_store=True, create_fast_tier=True)
     fast, store = target.fast, target.object_store()
     if fast is None:
         raise UsageError("give the fast tier: --fast-tier DIR (or CKPTFS_FAST_TIER)")

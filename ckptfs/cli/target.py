@@ -110,19 +110,20 @@ def target_path_arg(a: argparse.Namespace) -> str:
 
 
 def open_target(a: argparse.Namespace, path_arg: str | None = None,
-                whole_store: bool = False) -> Target:
+                whole_store: bool = False, create_fast_tier: bool = False) -> Target:
     """Open the store of `a.target`: a path inside a ckptfs mount, or a store URL, or a
     URL below a store (its path there, as git finds .git: locate.py), and PATH after it.
     With `whole_store` (gc, fsck, upgrade), a URL below a store is refused with the
     command that works. A tool that takes --fast-tier gets the fast tier too (unless
-    told --no-fast-tier)."""
+    told --no-fast-tier); with `create_fast_tier` (drain), a directory that is no fast
+    tier yet becomes this store's, as a mount's --fast-tier makes it."""
     target = _open_target(a, path_arg, whole_store)
     if hasattr(a, "fast_tier") and not getattr(a, "no_fast_tier", False):
-        _open_fast_tier(a, target)
+        _open_fast_tier(a, target, create_fast_tier)
     return target
 
 
-def _open_fast_tier(a: argparse.Namespace, target: Target) -> None:
+def _open_fast_tier(a: argparse.Namespace, target: Target, create: bool) -> None:
     """The fast tier of --fast-tier, $CKPTFS_FAST_TIER or the mount's, into `target`
     (its `store` becomes the view of both tiers); UsageError for one of another store."""
     url = a.fast_tier or (target.fast_url if target.mountpoint is not None
@@ -133,7 +134,7 @@ def _open_fast_tier(a: argparse.Namespace, target: Target) -> None:
     from ckptfs.pipeline import fasttier  # opening a store: see the top of this module
 
     try:
-        fast = fasttier.attach(url, target.store, create=a.command == "drain")
+        fast = fasttier.attach(url, target.store, create=create)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     target.fast, target.slow = fast, target.store

@@ -78,10 +78,8 @@ class TieredStore(Store):
         if not (self.writes_follow and not self.fast_usable()):
             try:
                 return call(self.fast)
-            except NotFoundError:
-                raise
             except StoreError as e:
-                if not self.fast_failed(e):
+                if not self._unusable(e):
                     raise
                 if not self.writes_follow:
                     raise Deferred(f"the fast tier failed: {e}") from e
@@ -94,12 +92,14 @@ class TieredStore(Store):
         fast tier is unusable is NotFoundError too (the slow tier is asked)."""
         try:
             return call(self.fast)
-        except NotFoundError:
-            raise
         except StoreError as e:
-            if not self.fast_failed(e):
+            if not self._unusable(e):
                 raise
         raise NotFoundError("the fast tier is unusable")
+
+    def _unusable(self, error: StoreError) -> bool:
+        """Whether a fast tier's error says that it is unusable (a missing key never)."""
+        return not isinstance(error, NotFoundError) and self.fast_failed(error)
 
     # -- writes: the fast tier
 

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from pipeline_helpers import publish
 from support import random_bytes
 
 from ckptfs.common.errors import NotFoundError
@@ -21,8 +22,7 @@ from ckptfs.daemon.mount import create_store
 from ckptfs.format import codec, manifests
 from ckptfs.format.manifests import Manifest, file_key
 from ckptfs.pipeline import fasttier, publisher
-from ckptfs.pipeline.fasttier import Leases, Record, Replayer
-from ckptfs.pipeline.journal import Op
+from ckptfs.pipeline.fasttier import Leases, Replayer
 from ckptfs.store.local import LocalStore
 from ckptfs.tools import gc, inspection
 
@@ -60,23 +60,6 @@ assert leases.take_over(sys.argv[5], leases.store_now())
 print("leased", flush=True)
 fasttier.move_queue(fasttier.Replayer(fast, Slow(sys.argv[2])), leases, sys.argv[5])
 """
-
-
-def version(fast: LocalStore, queue: str, seq: int, path: str, chunks: list[bytes],
-            gen: int) -> bytes:
-    """What a fast-tier mount leaves for a closed file: its chunks and its manifest (with
-    `gen`) in the fast tier, and the pending record; returns the manifest."""
-    named = []
-    for data in chunks:
-        h = codec.chunk_hash(data)
-        fast.put_parts(manifests.chunk_key(h), codec.encode_chunk_parts(data, "zstd4")[0])
-        named.append((h, len(data)))
-    body = manifests.with_generation(Manifest(sum(len(c) for c in chunks), 0o100644, 0,
-                                              tuple(named), writer=queue).to_json(), gen)
-    fast.put(file_key(path), body)
-    fast.put(fasttier.record_key(queue, seq), Record(queue, Op(seq, "put_file", path,
-                                                               body=body)).to_json())
-    return body
 
 
 def read_back(store: LocalStore, path: str) -> bytes:
@@ -150,11 +133,11 @@ def test_two_movers_a_kill_and_gc_lose_nothing_and_never_go_back(
     order = [g_paths[0], f_paths[0], g_paths[1], *f_paths[1:]]
     for seq, p in enumerate(order, 1):  # the lost node's versions: generation 1000 on
         lost_chunks[p] = [random_bytes(3000) for _ in range(3)]
-        version(fast, LOST, seq, p, lost_chunks[p], 1000 + seq)
+        publish(fast, LOST, seq, p, lost_chunks[p], 1000 + seq)
         want[p] = b"".join(lost_chunks[p])
     for seq, p in enumerate(f_paths, 1):  # the live node's: newer, one chunk kept
         chunks = [lost_chunks[p][0], random_bytes(3000), random_bytes(3000)]
-        version(fast, LIVE, seq, p, chunks, 2000 + seq)
+        publish(fast, LIVE, seq, p, chunks, 2000 + seq)
         want[p] = b"".join(chunks)
 
     point, _, n = kill.partition(":")
@@ -227,7 +210,7 @@ def test_a_mover_killed_between_its_claim_and_the_lease_does_not_block_the_queue
     (tmp_path / "fast").mkdir()
     (tmp_path / "slow").mkdir()
     fast, slow = LocalStore(tmp_path / "fast"), LocalStore(tmp_path / "slow")
-    body = version(fast, LOST, 1, "ckpt/f0", [random_bytes(3000)], 1000)
+    body = publish(fast, LOST, 1, "ckpt/f0", [random_bytes(3000)], 1000)
     lease = 0.5
     assert Leases(fast, LOST, lease).renew(LOST)  # the lost node's own lease
     time.sleep(lease + 0.1)

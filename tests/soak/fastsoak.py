@@ -385,13 +385,8 @@ class FastRunner:
                         self.watch()
                         self.result.done = i + 1
                     await self.final_check()
-                except soaklib.SoakFailure as e:
-                    self.result.failure = f"at op {self.result.done}: {e}"
                 except Exception as e:  # noqa: BLE001 - a failure of the seed, reported
-                    import traceback
-                    self.result.failure = (f"at op {self.result.done}: unexpected "
-                                           f"{type(e).__name__}: {e}\n"
-                                           + traceback.format_exc(limit=-8))
+                    self.result.failure = soaklib.failure_text(self.result.done, e)
                 finally:
                     for node in self.nodes:
                         if node.fs is not None:

@@ -620,13 +620,8 @@ class Runner:
                     t = time.monotonic()
                     await self.full_check(final=True)
                     self.result.times["final check"] = time.monotonic() - t
-                except SoakFailure as e:
-                    self.result.failure = f"at op {self.result.done}: {e}"
                 except Exception as e:  # noqa: BLE001 - a failure of the seed, reported
-                    import traceback
-                    self.result.failure = (f"at op {self.result.done}: unexpected "
-                                           f"{type(e).__name__}: {e}\n"
-                                           + traceback.format_exc(limit=-8))
+                    self.result.failure = failure_text(self.result.done, e)
                 finally:
                     for node in self.nodes:
                         if node.up:
@@ -1943,6 +1938,17 @@ def shrink(seed: int, ops: list[Op], workdir: Path, budget: float = 120.0
                 break
             n = min(len(cur), n * 2)
     return cur
+
+
+def failure_text(done: int, e: Exception) -> str:
+    """A schedule's failure after `done` ops: the oracle's words, or an unexpected error
+    with the end of its traceback."""
+    if isinstance(e, SoakFailure):
+        return f"at op {done}: {e}"
+    import traceback
+
+    return (f"at op {done}: unexpected {type(e).__name__}: {e}\n"
+            + traceback.format_exc(limit=-8))
 
 
 def failure_kind(failure: str) -> str:
